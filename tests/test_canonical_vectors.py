@@ -17,7 +17,6 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pyshell"))
 
-from conftest_canonical_fallback import db_connection
 from qlpg import errors
 from qlpg.canonical import (
     canonical_bytes,
@@ -44,8 +43,8 @@ def _ids(vs):
 
 
 @pytest.fixture
-def db(request):
-    return db_connection(request)
+def db(ql3_owner):
+    return ql3_owner
 
 
 def test_vector_counts():

@@ -17,7 +17,6 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pyshell"))
 
-from conftest_canonical_fallback import db_connection
 from qlpg import errors
 from qlpg.canonical import MAX_SAFE_INT, canonical_text, domain_digest
 from qlpg.revision import DOMAIN, execution_revision_digest, normalize_execution_template
@@ -27,8 +26,8 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
 
 
 @pytest.fixture
-def db(request):
-    return db_connection(request)
+def db(ql3_owner):
+    return ql3_owner
 
 
 # Text PostgreSQL can hold: no NUL, no surrogates; includes non-BMP and controls.

@@ -64,6 +64,11 @@ def readiness(conn) -> list[dict]:
     return db.call(conn, "SELECT * FROM ql3.readiness()", isolation=psycopg.IsolationLevel.READ_COMMITTED)
 
 
+def recovery_evidence_record(conn, attempt_id: str, evidence: str, actor: str) -> dict:
+    """``ql3.recovery_evidence_record`` (ql3_admin): operator evidence ``not_running``/``unknown``."""
+    return db.call(conn, "SELECT * FROM ql3.recovery_evidence_record(%s, %s, %s)", (attempt_id, evidence, actor))[0]
+
+
 # ------------------------------------------------------------------ package manager
 def package_revision_materialize(conn, document: Mapping[str, Any]) -> dict:
     """``ql3.package_revision_materialize`` (ql3_package_manager): ``{outcome, generation, revision_digest, …}``.
@@ -188,9 +193,9 @@ def recovery_claim(conn, claimer_id: str, limit: int = 16, claim_ms: int = 30000
     return db.call(conn, "SELECT * FROM ql3.recovery_claim(%s, %s, %s)", (claimer_id, limit, claim_ms))
 
 
-def recovery_resolve(conn, attempt_id: str, claim_token: str, evidence: str) -> dict:
+def recovery_resolve(conn, attempt_id: str, claim_token: str) -> dict:
     """``ql3.recovery_resolve`` (ql3_runtime): resolve one claimed control with evidence."""
-    return db.call(conn, "SELECT * FROM ql3.recovery_resolve(%s, %s, %s)", (attempt_id, claim_token, evidence))[0]
+    return db.call(conn, "SELECT * FROM ql3.recovery_resolve(%s, %s)", (attempt_id, claim_token))[0]
 
 
 # ------------------------------------------------------------------ worker ingress
@@ -246,6 +251,11 @@ def attempt_start_failed(conn, attempt_id: str, token: str, detail: Mapping[str,
 def lease_release(conn, attempt_id: str, token: str, reason: str = "released") -> dict:
     """``ql3.lease_release``: give a lease back before the start barrier."""
     return db.call(conn, "SELECT * FROM ql3.lease_release(%s, %s, %s)", (attempt_id, token, reason))[0]
+
+
+def worker_session_reset(conn, worker_id: str) -> list[dict]:
+    """``ql3.worker_session_reset`` (ql3_worker_ingress): a restarting worker declares its old leases dead."""
+    return db.call(conn, "SELECT * FROM ql3.worker_session_reset(%s)", (worker_id,))
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in {"annotations", "json", "psycopg", "db"}]

@@ -44,8 +44,8 @@ BEGIN
     'kind', p_kind, 'reported_outcome', p_reported, 'outcome', v_final, 'exit_code', p_exit_code,
     'lease_no', l.lease_no, 'step_run_status', s.status, 'step_run_version', s.version,
     'event_sequence', ev.sequence, 'completed_at_ms', ev.at_ms);
-  INSERT INTO ql3.run_attempt_completions (attempt_id, run_id, outcome, exit_code, receipt, receipt_digest, completed_at_ms)
-  VALUES (a.id, a.run_id, v_final, p_exit_code, v_receipt,
+  INSERT INTO ql3.run_attempt_completions (attempt_id, run_id, outcome, exit_code, detail, receipt, receipt_digest, completed_at_ms)
+  VALUES (a.id, a.run_id, v_final, p_exit_code, COALESCE(p_detail, '{}'::jsonb), v_receipt,
           ql3.domain_digest('qinglong/plugin-package-workflow-task-completion-receipt@v1', ql3.canonical_json(v_receipt::json)),
           ev.at_ms)
   RETURNING * INTO c;

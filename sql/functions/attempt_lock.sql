@@ -1,4 +1,4 @@
-CREATE OR REPLACE FUNCTION ql3.attempt_lock(p_attempt_id text, p_lease_token text) RETURNS ql3.run_attempts
+CREATE OR REPLACE FUNCTION ql3.attempt_lock(p_attempt_id text, p_lease_token text, p_allow_expired boolean DEFAULT true) RETURNS ql3.run_attempts
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   v_run text;
@@ -11,9 +11,9 @@ BEGIN
   END IF;
   PERFORM ql3.advisory_lock('run', v_run);
   PERFORM ql3.advisory_lock('attempt', p_attempt_id);
-  RETURN ql3.lease_check(p_attempt_id, p_lease_token, true);
+  RETURN ql3.lease_check(p_attempt_id, p_lease_token, true, p_allow_expired);
 END
 $fn$;
-COMMENT ON FUNCTION ql3.attempt_lock(text, text) IS
+COMMENT ON FUNCTION ql3.attempt_lock(text, text, boolean) IS
   'Internal (owner only). Takes the Run lock then the attempt advisory authority (the same one recovery uses), then fences the lease token (QL401). Returns the row-locked RunAttempt.';
-REVOKE ALL ON FUNCTION ql3.attempt_lock(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ql3.attempt_lock(text, text, boolean) FROM PUBLIC;

@@ -9,7 +9,7 @@ DECLARE
   ev record;
 BEGIN
   PERFORM ql3.require_role('attempt_start', 'ql3_worker_ingress');
-  a := ql3.attempt_lock(p_attempt_id, p_lease_token);
+  a := ql3.attempt_lock(p_attempt_id, p_lease_token, false);
   IF a.status = 'starting' THEN  -- replay of a lost response
     RETURN QUERY SELECT a.id, a.status, a.deadline_at_ms, a.started_at_ms;
     RETURN;

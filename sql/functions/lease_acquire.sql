@@ -43,8 +43,8 @@ BEGIN
     UPDATE ql3.run_attempts ra SET lease_active = true, lease_expires_at_ms = v_now + p_lease_ms,
            lease_count = ra.lease_count + 1, worker_id = p_worker_id
      WHERE ra.id = a.id;
-    INSERT INTO ql3.run_dispatch_leases (attempt_id, lease_no, token_sha256, worker_id, status, leased_at_ms, expires_at_ms)
-    VALUES (a.id, a.lease_count + 1, ql3.lease_token_digest(v_token), p_worker_id, 'leased', v_now, v_now + p_lease_ms);
+    INSERT INTO ql3.run_dispatch_leases (attempt_id, lease_no, token_sha256, worker_id, holder_login, status, leased_at_ms, expires_at_ms)
+    VALUES (a.id, a.lease_count + 1, ql3.lease_token_digest(v_token), p_worker_id, session_user, 'leased', v_now, v_now + p_lease_ms);
     attempt_id := a.id; lease_token := v_token; lease_expires_at_ms := v_now + p_lease_ms;
     run_id := a.run_id; step_run_id := a.step_run_id; step_key := a.step_key; attempt := a.attempt;
     execution_revision := pg_catalog.jsonb_build_object(

@@ -30,7 +30,7 @@ BEGIN
         'deadline_at_ms', a.deadline_at_ms, 'stop_reason', a.stop_reason,
         'created_at_ms', a.created_at_ms, 'started_at_ms', a.started_at_ms, 'running_at_ms', a.running_at_ms,
         'ended_at_ms', a.ended_at_ms, 'exit_code', c.exit_code,
-        'detail', c.receipt -> 'detail') ORDER BY a.attempt)
+        'detail', c.detail) ORDER BY a.attempt)
       FROM ql3.run_attempts a JOIN ql3.step_runs s ON s.id = a.step_run_id
       LEFT JOIN ql3.run_attempt_completions c ON c.attempt_id = a.id
       WHERE a.run_id = p_run_id), '[]'::jsonb));

@@ -321,6 +321,7 @@ CREATE TABLE IF NOT EXISTS ql3.run_dispatch_leases (
   lease_no      integer NOT NULL CHECK (lease_no >= 1),
   token_sha256  text NOT NULL CHECK (token_sha256 ~ '^[0-9a-f]{64}$'),
   worker_id     text NOT NULL,
+  holder_login  text NOT NULL,                  -- session_user that acquired the lease
   status        text NOT NULL CHECK (status IN ('leased', 'released', 'completed')),
   leased_at_ms  bigint NOT NULL,
   expires_at_ms bigint NOT NULL,
@@ -336,6 +337,7 @@ CREATE TABLE IF NOT EXISTS ql3.run_attempt_completions (
   run_id         text NOT NULL,
   outcome        text NOT NULL,
   exit_code      integer,
+  detail         jsonb NOT NULL DEFAULT '{}'::jsonb,  -- worker evidence: log paths, signal, duration
   receipt        jsonb NOT NULL,
   receipt_digest text NOT NULL,
   completed_at_ms bigint NOT NULL
@@ -350,7 +352,8 @@ CREATE TABLE IF NOT EXISTS ql3.run_recovery_controls (
   claim_expires_at_ms bigint,
   next_claim_at_ms    bigint NOT NULL,
   failure_count       integer NOT NULL DEFAULT 0,
-  last_evidence       text,
+  last_evidence       text CHECK (last_evidence IN ('not_running', 'unknown')),
+  evidence_source     text,
   resolution          text,
   created_at_ms       bigint NOT NULL,
   updated_at_ms       bigint NOT NULL
