@@ -47,8 +47,11 @@ def _load_template(host, port, user, dbname, password=None, **_kw):
     migrate.migrate(server_conninfo(dbname))
 
 
+# One database name per pytest process, so several suites (developers, helpers, CI on another
+# server version) can run against the same cluster at once.
+TEST_DBNAME = f"qlpg_test_{os.getpid()}"
 postgresql_noproc = factories.postgresql_noproc(
-    host=PGHOST, port=PGPORT, user=PGUSER, password=PGPASSWORD, dbname="qlpg_test", load=[_load_template]
+    host=PGHOST, port=PGPORT, user=PGUSER, password=PGPASSWORD, dbname=TEST_DBNAME, load=[_load_template]
 )
 postgresql = factories.postgresql("postgresql_noproc")
 
@@ -64,10 +67,16 @@ def test_logins(postgresql_noproc) -> dict[str, str]:
     with psycopg.connect(server_conninfo(), autocommit=True, row_factory=dict_row) as conn:
         for role in roles.GROUP_ROLES:
             name = login_name(role)
-            roles.create_login(conn, name, role)
+            for _ in range(5):  # another test process may create the same cluster-wide login concurrently
+                try:
+                    roles.create_login(conn, name, role)
+                    break
+                except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                    continue
             out[role] = name
         conn.execute(f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{ROLE_PREFIX}nobody')"
-                     f" THEN CREATE ROLE {ROLE_PREFIX}nobody LOGIN; END IF; END $$")
+                     f" THEN CREATE ROLE {ROLE_PREFIX}nobody LOGIN; END IF;"
+                     f" EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$")
         out["nobody"] = ROLE_PREFIX + "nobody"
     return out
 
