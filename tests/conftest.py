@@ -30,7 +30,30 @@ PGHOST = os.environ.get("PGHOST", "/var/run/postgresql")
 PGPORT = int(os.environ.get("PGPORT", "5432"))
 PGUSER = os.environ.get("PGUSER", "postgres")
 PGPASSWORD = os.environ.get("PGPASSWORD")
-# A run against PgBouncer sets QLPG_TEST_DIRECT_* to reach the server for template/admin work.
+# Service connections (``as_role``, ``TestDB.conninfo_as``, ``TestDB.connect(role)``) go to
+# QLPG_TEST_CLIENT_HOST/PORT when set: a PgBouncer in pool_mode=transaction started by
+# ``scripts/pg-cluster pgbouncer -- pytest ...`` (which also sets QLPG_POOLER=transaction, so qlpg
+# never prepares statements). Database creation (pytest-postgresql's janitor), the template
+# migration, the test logins and the superuser connections (``TestDB.conninfo``, ``ql3_owner``)
+# stay on PGHOST/PGPORT, the server itself.
+CLIENT_HOST = os.environ.get("QLPG_TEST_CLIENT_HOST") or PGHOST
+CLIENT_PORT = int(os.environ.get("QLPG_TEST_CLIENT_PORT") or PGPORT)
+VIA_POOLER = (CLIENT_HOST, CLIENT_PORT) != (PGHOST, PGPORT)
+
+if VIA_POOLER:
+    # The backend pid of a pooled connection is PgBouncer's invented cancel key, not a server
+    # backend: a test that watches or terminates "its" backend (lock-waiter observation through
+    # pg_stat_activity, pg_terminate_backend to lose a COMMIT response) is session-bound by nature.
+    # Reading it skips the test with that reason instead of waiting forever or killing a stranger.
+    _backend_pid = psycopg.ConnectionInfo.backend_pid
+
+    def _pooled_backend_pid(self):
+        if self.port == CLIENT_PORT and self.host == CLIENT_HOST:
+            pytest.skip("session-bound: observes its own server backend (backend_pid), which a transaction "
+                        "pooler does not give a client")
+        return _backend_pid.fget(self)
+
+    psycopg.ConnectionInfo.backend_pid = property(_pooled_backend_pid)
 ROLE_PREFIX = "qlpg_t_"
 SERVICE_ROLES = roles.SERVICE_ROLES
 
@@ -41,6 +64,18 @@ def server_conninfo(dbname: str = "postgres", **kw) -> str:
         params["password"] = PGPASSWORD
     params.update(kw)
     return psycopg.conninfo.make_conninfo("", **params)
+
+
+def client_conninfo(dbname: str = "postgres", **kw) -> str:
+    """Like :func:`server_conninfo`, but through the pooler when QLPG_TEST_CLIENT_HOST/PORT are set."""
+    return server_conninfo(dbname, **{"host": CLIENT_HOST, "port": CLIENT_PORT, **kw})
+
+
+def pytest_report_header(config):
+    if VIA_POOLER:
+        return (f"qlpg: service connections via {CLIENT_HOST}:{CLIENT_PORT} "
+                f"(QLPG_POOLER={os.environ.get('QLPG_POOLER', '')}); admin via {PGHOST}:{PGPORT}")
+    return f"qlpg: server {PGHOST}:{PGPORT}"
 
 
 def _load_template(host, port, user, dbname, password=None, **_kw):
@@ -90,8 +125,15 @@ class TestDB:
     logins: dict
 
     def conninfo_as(self, role: str) -> str:
-        """Conninfo connecting as the test login of ``role`` (``ql3_runtime`` …, or ``nobody``)."""
-        return server_conninfo(self.dbname, user=self.logins[role])
+        """Conninfo connecting as the test login of ``role`` (``ql3_runtime`` …, or ``nobody``).
+
+        Through the pooler when the run has one (QLPG_TEST_CLIENT_HOST/PORT)."""
+        return client_conninfo(self.dbname, user=self.logins[role])
+
+    @property
+    def client_conninfo(self) -> str:
+        """Superuser conninfo through the pooler when the run has one, else equal to ``conninfo``."""
+        return client_conninfo(self.dbname)
 
     def connect(self, role: str | None = None, **kw) -> psycopg.Connection:
         """Autocommit dict-row connection as superuser (role None) or as the login of ``role``."""

@@ -11,8 +11,14 @@
 * A worker with an unknown attempt id or a random token: QL401.
 * Runtime and worker logins reading package facts, lease tokens and ledgers directly: 42501.
 * Oversized (11 MB) and deeply nested (depth 10,000) JSON: QL001/QL002 in bounded time.
-
-Replaying another run's receipt is covered by the lead's admission tests.
+* With real leases (two Runs of examples/pg-backup, admitted by ql3_runtime, leased by
+  ql3_worker_ingress): attempt A's live token on attempt B; a stale token after release and
+  re-lease; the token after completion (only the identical report replays); none writes anything.
+* Replaying another run's receipt: task_attempt_admit mixing Run A's StepRun with Run B's
+  digest/version, workflow_plan_admit with Run A's plan under Run B's run_id (or A's StepRun ids
+  under a new run, or A's receipt as a plan): refused with the documented QLxxx, nothing written.
+* Service logins reading live lease tokens (run_dispatch_leases with real leases): 42501; run
+  inspection and events carry no token or token digest.
 """
 
 from __future__ import annotations
@@ -340,3 +346,266 @@ def test_oversized_and_deep_json_is_refused_quickly(mdb, entry, payload):
     elapsed = time.monotonic() - started
     assert state in ("QL001", "QL002"), (entry, payload, state, msg)
     assert elapsed < 5.0, f"{entry} took {elapsed:.2f}s on {payload}"
+
+
+# ------------------------------------------------------------------ real leases: cross-attempt, stale and ended tokens
+#
+# Built through the real authority (tests/helpers.py): two Runs of examples/pg-backup are admitted,
+# their root steps admitted as attempts by ql3_runtime and leased by ql3_worker_ingress, so every
+# token below is a real one — just presented for the wrong attempt, or after its lease ended.
+
+from qlpg import api, install  # noqa: E402
+
+from helpers import EXAMPLES, admit_all, install_and_start  # noqa: E402
+
+# every worker call bound to a lease token: name -> SQL with (attempt_id, token)
+TOKEN_BOUND = {
+    "lease_control": "SELECT * FROM ql3.lease_control(%s, %s, 30000)",
+    "attempt_start": "SELECT * FROM ql3.attempt_start(%s, %s)",
+    "attempt_running": "SELECT * FROM ql3.attempt_running(%s, %s)",
+    "attempt_complete": "SELECT * FROM ql3.attempt_complete(%s, %s, 'succeeded', 0, NULL)",
+    "attempt_start_failed": "SELECT * FROM ql3.attempt_start_failed(%s, %s, '{\"error\": \"x\"}'::jsonb)",
+    "lease_release": "SELECT * FROM ql3.lease_release(%s, %s, 'released')",
+}
+
+
+def table_state(owner) -> dict[str, str]:
+    """A digest of every ql3 table's full content (md5 over its rows): any write changes it."""
+    out = {}
+    for (rel,) in owner.execute("SELECT format('%I.%I', schemaname, tablename) FROM pg_tables"
+                                " WHERE schemaname = 'ql3' ORDER BY 1").fetchall():
+        out[rel] = owner.execute(f"SELECT count(*)::text || ':' || COALESCE(md5(string_agg(t::text, '|' ORDER BY t::text)), '')"
+                                 f" FROM {rel} t").fetchone()[0]
+    return out
+
+
+def _fail(conn, query, params) -> tuple[str | None, str]:
+    """(sqlstate, message) of a call that must fail (committed for real if it does not)."""
+    try:
+        conn.execute(query, params)
+        return None, "ok"
+    except psycopg.Error as exc:
+        return exc.sqlstate, exc.diag.message_primary or str(exc)
+
+
+@pytest.fixture
+def two_leases(qlpg_db, as_role):
+    """Two Runs, one leased attempt each: (owner conn, worker conn, lease A, lease B)."""
+    install_and_start(qlpg_db, as_role, EXAMPLES / "pg-backup", "backup", run_id="run-attack-a")
+    install.start_workflow(as_role("ql3_package_executor"), "default", "pg-backup", "backup", "run-attack-b")
+    receipts = admit_all(as_role("ql3_runtime"))
+    assert len(receipts) == 2, receipts
+    worker = as_role("ql3_worker_ingress")
+    leases = api.lease_acquire(worker, "attack-worker", max_=2)
+    assert len(leases) == 2, leases
+    a, b = sorted(leases, key=lambda l: l.run_id)
+    assert (a.run_id, b.run_id) == ("run-attack-a", "run-attack-b")
+    owner = psycopg.connect(qlpg_db.conninfo, autocommit=True)
+    yield owner, worker, a, b
+    owner.close()
+
+
+def test_token_of_one_attempt_on_another_is_ql401(two_leases):
+    """Attempt A's real, live token presented for attempt B (and B's for A): QL401, nothing written."""
+    owner, worker, a, b = two_leases
+    before = table_state(owner)
+    bad = []
+    for call in sorted(TOKEN_BOUND):  # every refused call writes nothing, so one setup serves all
+        for target, token in ((b.attempt_id, a.lease_token), (a.attempt_id, b.lease_token)):
+            state, msg = _fail(worker, TOKEN_BOUND[call], (target, token))
+            if state != "QL401":
+                bad.append((call, target, state, msg))
+    assert not bad, bad
+    assert table_state(owner) == before, "a call with another attempt's token wrote something"
+    # the rightful holders are unaffected
+    assert api.lease_control(worker, a.attempt_id, a.lease_token)["decision"] == "continue"
+    assert api.lease_control(worker, b.attempt_id, b.lease_token)["decision"] == "continue"
+
+
+def test_stale_token_after_release_and_re_lease_is_ql401(two_leases):
+    """Lease released, attempt leased again (new token): the old token is dead for every call."""
+    owner, worker, a, _ = two_leases
+    api.lease_release(worker, a.attempt_id, a.lease_token, "handing back")
+    again = [l for l in api.lease_acquire(worker, "attack-worker-2", max_=4) if l.attempt_id == a.attempt_id]
+    assert len(again) == 1 and again[0].lease_token != a.lease_token, again
+    before = table_state(owner)
+    bad = []
+    for call in sorted(TOKEN_BOUND):
+        state, msg = _fail(worker, TOKEN_BOUND[call], (a.attempt_id, a.lease_token))
+        if state != "QL401":
+            bad.append((call, state, msg))
+    assert not bad, bad
+    assert table_state(owner) == before, "a call with a stale token wrote something"
+    assert api.lease_control(worker, a.attempt_id, again[0].lease_token)["decision"] == "continue"
+    leases = owner.execute("SELECT status, count(*) FROM ql3.run_dispatch_leases WHERE attempt_id = %s"
+                           " GROUP BY 1 ORDER BY 1", (a.attempt_id,)).fetchall()
+    assert leases == [("leased", 1), ("released", 1)], leases
+
+
+def test_token_after_the_lease_ended_by_completion(two_leases):
+    """After completion the token only replays the identical report; anything else is refused."""
+    owner, worker, a, _ = two_leases
+    api.attempt_start(worker, a.attempt_id, a.lease_token)
+    api.attempt_running(worker, a.attempt_id, a.lease_token)
+    done = api.attempt_complete(worker, a.attempt_id, a.lease_token, "succeeded", 0, {"note": "ok"})
+    assert done["outcome"] == "succeeded" and not done["replayed"]
+    before = table_state(owner)
+    refused = {
+        "lease_control": ({"QL401"}, TOKEN_BOUND["lease_control"]),
+        "attempt_start": ({"QL401"}, TOKEN_BOUND["attempt_start"]),
+        "attempt_running": ({"QL401"}, TOKEN_BOUND["attempt_running"]),
+        "lease_release": ({"QL401"}, TOKEN_BOUND["lease_release"]),
+        "attempt_start_failed": ({"QL401", "QL201"}, TOKEN_BOUND["attempt_start_failed"]),
+        "complete_failed": ({"QL401", "QL201"}, "SELECT * FROM ql3.attempt_complete(%s, %s, 'failed', 1, NULL)"),
+        "complete_other_exit": ({"QL401", "QL201"}, "SELECT * FROM ql3.attempt_complete(%s, %s, 'succeeded', 3, NULL)"),
+        "complete_cancelled": ({"QL401", "QL201"}, "SELECT * FROM ql3.attempt_complete(%s, %s, 'cancelled', NULL, NULL)"),
+    }
+    for name, (states, query) in refused.items():
+        state, msg = _fail(worker, query, (a.attempt_id, a.lease_token))
+        assert state in states, (name, state, msg)
+    # a random token cannot even replay the original report
+    state, msg = _fail(worker, "SELECT * FROM ql3.attempt_complete(%s, %s, 'succeeded', 0, NULL)",
+                       (a.attempt_id, secrets.token_urlsafe(32)))
+    assert state == "QL401", (state, msg)
+    assert table_state(owner) == before, "a refused call after completion wrote something"
+    # the identical report with the same token is an exact replay (same receipt, nothing written)
+    again = api.attempt_complete(worker, a.attempt_id, a.lease_token, "succeeded", 0, {"note": "ok"})
+    assert again["replayed"] and again["receipt_digest"] == done["receipt_digest"]
+    assert table_state(owner) == before
+
+
+# ------------------------------------------------------------------ replaying another run's receipt
+
+def test_attempt_admission_with_another_runs_step_run_is_refused(two_leases, as_role):
+    """task_attempt_admit mixing Run A's StepRun with Run B's digest/version writes nothing."""
+    owner, _, a, b = two_leases
+    rt = as_role("ql3_runtime")
+    # the next ready epochs: complete A's and B's root step so their dependents become ready
+    worker = as_role("ql3_worker_ingress")
+    for lease in (a, b):
+        api.attempt_start(worker, lease.attempt_id, lease.lease_token)
+        api.attempt_complete(worker, lease.attempt_id, lease.lease_token, "succeeded", 0)
+    cands = {c["run_id"]: c for c in api.task_attempt_candidates(rt, None, 64)}
+    ca, cb = cands["run-attack-a"], cands["run-attack-b"]
+    snap_a = api.task_attempt_snapshot(rt, ca["run_id"], ca["step_run_id"], ca["step_run_version"])
+    snap_b = api.task_attempt_snapshot(rt, cb["run_id"], cb["step_run_id"], cb["step_run_version"])
+    admitted_a = api.task_attempt_admit(rt, ca["run_id"], ca["step_run_id"], ca["step_run_version"],
+                                        ca["step_run_digest"], snap_a["execution_revision"])
+    before = table_state(owner)
+    # name -> (expected SQLSTATEs, arguments); observed on PostgreSQL 15 in the comments
+    mixes = {
+        # QL201: A's epoch was admitted with another StepRun digest (the replay check refuses)
+        "A's run and StepRun, B's digest": (ca["run_id"], ca["step_run_id"], cb["step_run_version"], cb["step_run_digest"],
+                                            snap_b["execution_revision"]),
+        "B's run, A's StepRun and digest (A's receipt replayed into B)": (
+            cb["run_id"], ca["step_run_id"], ca["step_run_version"], ca["step_run_digest"], snap_a["execution_revision"]),
+        "B's run and StepRun, A's digest": (cb["run_id"], cb["step_run_id"], cb["step_run_version"], ca["step_run_digest"],
+                                            snap_a["execution_revision"]),
+        "A's run, B's StepRun and digest": (ca["run_id"], cb["step_run_id"], cb["step_run_version"], cb["step_run_digest"],
+                                            snap_b["execution_revision"]),
+        "A's admitted epoch, a later version": (ca["run_id"], ca["step_run_id"], ca["step_run_version"] + 1,
+                                                ca["step_run_digest"], snap_a["execution_revision"]),
+    }
+    expected = {
+        "A's run and StepRun, B's digest": {"QL201", "QL202"},
+        "B's run, A's StepRun and digest (A's receipt replayed into B)": {"QL101"},  # not in run B
+        "B's run and StepRun, A's digest": {"QL202"},  # digest is stale
+        "A's run, B's StepRun and digest": {"QL101"},  # not in run A
+        "A's admitted epoch, a later version": {"QL202"},  # version is stale
+    }
+    for name, args in mixes.items():
+        state, msg = _fail(rt, "SELECT * FROM ql3.task_attempt_admit(%s, %s, %s, %s, %s)",
+                           (*args[:4], psycopg.types.json.Jsonb(args[4])))
+        assert state in expected[name], (name, state, msg)
+    assert table_state(owner) == before, "a mixed-run attempt admission wrote something"
+    # the rightful replay still answers with A's own receipt, and B's epoch is still admissible
+    replay = api.task_attempt_admit(rt, ca["run_id"], ca["step_run_id"], ca["step_run_version"],
+                                    ca["step_run_digest"], snap_a["execution_revision"])
+    assert replay.replayed and replay.receipt_digest == admitted_a.receipt_digest
+    got_b = api.task_attempt_admit(rt, cb["run_id"], cb["step_run_id"], cb["step_run_version"],
+                                   cb["step_run_digest"], snap_b["execution_revision"])
+    assert not got_b.replayed and got_b.attempt_id != admitted_a.attempt_id
+
+
+def test_workflow_plan_of_one_run_under_another_run_id_is_refused(qlpg_db, as_role, ql3_owner):
+    """Run A's plan presented with Run B's run_id (or A's StepRun ids under a new run) writes nothing."""
+    from qlpg import plan as planmod
+
+    install.install_package(as_role("ql3_package_manager"), EXAMPLES / "pg-backup")
+    pe = as_role("ql3_package_executor")
+    plan_a, digest_a = install.prepare_plan(pe, "default", "pg-backup", "backup", "run-replay-a")
+    rec_a = install.admit_plan(pe, plan_a, digest_a)
+    install.start_workflow(pe, "default", "pg-backup", "backup", "run-replay-b")
+    before = table_state(ql3_owner)
+
+    def variant(**changes):
+        p = json.loads(json.dumps(plan_a))
+        p.update(changes)
+        return p
+
+    attempts = {
+        # A's plan, B's run id (digest recomputed, so only the run binding is wrong)
+        "A's plan under B's run_id": variant(run_id="run-replay-b"),
+        # A's plan digest claimed for a plan naming run B
+        "A's digest claimed for B's run_id": dict(variant(run_id="run-replay-b"), plan_digest=digest_a),
+        # A's StepRun ids under a fresh run id
+        "A's step runs under a new run": variant(run_id="run-replay-c"),
+        # A's admission receipt sent back as if it were a plan
+        "A's receipt as a plan": json.loads(json.dumps(rec_a.receipt)),
+    }
+    expected = {
+        "A's plan under B's run_id": {"QL201"},  # run id collision: run B exists with another plan
+        "A's digest claimed for B's run_id": {"QL501"},  # claimed digest differs from the recomputed one
+        "A's step runs under a new run": {"QL201"},  # StepRun id collision
+        "A's receipt as a plan": {"QL001"},  # unknown fields
+    }
+    for name, p in attempts.items():
+        body = p if "plan_digest" in p or name == "A's receipt as a plan" else dict(p, plan_digest=planmod.plan_digest(p))
+        state, msg = _fail(pe, "SELECT * FROM ql3.workflow_plan_admit(%s::json)", (json.dumps(body),))
+        assert state in expected[name], (name, state, msg)
+    assert table_state(ql3_owner) == before, "a replayed plan wrote something"
+    # A's own plan still replays to A's receipt
+    again = install.admit_plan(pe, plan_a, digest_a)
+    assert again.replayed and again.receipt_digest == rec_a.receipt_digest and again.run_id == "run-replay-a"
+
+
+# ------------------------------------------------------------------ runtime and worker cannot read tokens
+
+def test_service_logins_cannot_read_live_lease_tokens(two_leases, as_role):
+    """With real leases in the table: SELECT/COPY/whole-row reads of run_dispatch_leases are 42501."""
+    owner, _, a, b = two_leases
+    assert owner.execute("SELECT count(*) FROM ql3.run_dispatch_leases WHERE status = 'leased'").fetchone()[0] == 2
+    stmts = ("SELECT token_sha256 FROM ql3.run_dispatch_leases",
+             "SELECT * FROM ql3.run_dispatch_leases WHERE attempt_id = '" + a.attempt_id + "'",
+             "SELECT count(*) FROM ql3.run_dispatch_leases",
+             "SELECT pg_catalog.to_jsonb(l) FROM ql3.run_dispatch_leases l",
+             "COPY ql3.run_dispatch_leases TO STDOUT",
+             "COPY (SELECT * FROM ql3.run_dispatch_leases) TO STDOUT",
+             "SELECT * FROM ql3.run_attempts",
+             "SELECT * FROM ql3.run_recovery_controls")
+    bad = []
+    for role in ("ql3_runtime", "ql3_worker_ingress", "ql3_admin", "ql3_package_executor"):
+        conn = as_role(role)
+        for stmt in stmts:
+            state, msg = support.attempt(conn, stmt)
+            if state != "42501":
+                bad.append((role, stmt, state, msg))
+    assert not bad, bad
+
+
+def test_run_inspect_and_events_leak_no_token_material(two_leases, as_role):
+    """What runtime and admin may read about a leased run contains neither a token nor its SHA-256."""
+    owner, _, a, b = two_leases
+    secrets_ = {a.lease_token, b.lease_token}
+    secrets_ |= {r[0] for r in owner.execute("SELECT token_sha256 FROM ql3.run_dispatch_leases").fetchall()}
+    assert len(secrets_) == 4
+    texts = []
+    for role in ("ql3_runtime", "ql3_admin"):
+        conn = as_role(role)
+        for run in (a.run_id, b.run_id):
+            texts.append(json.dumps(api.run_inspect(conn, run), default=str))
+    texts.append(json.dumps(api.run_events_page(as_role("ql3_admin"), a.run_id, None, 1000), default=str))
+    texts.append(json.dumps(api.task_attempt_candidates(as_role("ql3_runtime"), None, 64), default=str))
+    for t in texts:
+        for s in secrets_:
+            assert s not in t, "lease token material visible to runtime/admin"

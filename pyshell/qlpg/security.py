@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -66,6 +67,34 @@ RELKINDS = {"r": "table", "p": "partitioned table", "v": "view", "m": "materiali
 ROLE_ATTRIBUTES = ("rolsuper", "rolinherit", "rolcreaterole", "rolcreatedb", "rolcanlogin",
                    "rolreplication", "rolbypassrls")
 DEFACL_OBJTYPES = {"r": "tables", "S": "sequences", "f": "functions", "T": "types", "n": "schemas"}
+
+#: The golden file per server family. PostgreSQL 17 added the MAINTAIN table privilege (``m``),
+#: and the owner's implicit table privileges (``acldefault``) include it from 17 on, so the live
+#: matrix of an identical deployment differs by that one letter in the owner's column of every
+#: table. Each file is kept byte-exact for its family (the conformance tests and ``qlpg doctor``
+#: compare against the one for the server they talk to); ``tests/test_security_golden.py`` checks
+#: that the two files differ by nothing else.
+GOLDEN_PG17PLUS_FROM = 170000
+GOLDEN_FILES = ("grants.md", "grants-pg17plus.md")
+_OWNER_ALL_PRE17 = "arwdDxt"
+
+
+def golden_file_name(server_version_num: int) -> str:
+    """``grants.md`` for PostgreSQL 15/16, ``grants-pg17plus.md`` for 17 and later."""
+    return GOLDEN_FILES[1] if server_version_num >= GOLDEN_PG17PLUS_FROM else GOLDEN_FILES[0]
+
+
+def without_owner_maintain(markdown: str) -> str:
+    """The PG17+ report with the owner's implicit MAINTAIN dropped: equals the PG15/16 report."""
+    return re.sub(r"(?<=\| )(a\*?r\*?w\*?d\*?D\*?x\*?t\*?)m(\*?)(?= \|)", lambda m: m.group(1), markdown)
+
+
+def with_owner_maintain(markdown: str) -> str:
+    """The PG15/16 report with MAINTAIN added wherever every pre-17 table privilege is held (the
+    owner's implicit privileges): what the same deployment reports on PostgreSQL 17+."""
+    return re.sub(r"(?<=\| )(a(\*?)r\*?w\*?d\*?D\*?x\*?t\*?)(?= \|)", lambda m: m.group(1) + "m" + m.group(2),
+                  markdown)
+
 
 _GRANTEE_SQL = "CASE WHEN x.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.pg_get_userbyid(x.grantee) END"
 
@@ -205,15 +234,15 @@ def privilege_matrix(conn: psycopg.Connection) -> dict[str, Any]:
     ``roles``, ``memberships``, ``default_privileges``. Every mapping is sorted by object name.
     """
     # regprocedure text qualifies names by the session's search_path: pin it so the object names
-    # are always schema-qualified, then restore the caller's setting.
-    with conn.cursor(row_factory=tuple_row) as cur:
+    # are always schema-qualified, then restore the caller's setting. Transaction-local
+    # (set_config(..., true) inside one transaction): behind a transaction pooler a session-level
+    # setting would land on, and stay with, whichever server connection ran that one statement.
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         saved = cur.execute("SELECT pg_catalog.current_setting('search_path')").fetchone()[0]
-        cur.execute("SELECT pg_catalog.set_config('search_path', 'pg_catalog', false)")
-    try:
-        return _matrix(conn)
-    finally:
-        with conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute("SELECT pg_catalog.set_config('search_path', %s, false)", (saved,))
+        cur.execute("SELECT pg_catalog.set_config('search_path', 'pg_catalog', true)")
+        out = _matrix(conn)
+        cur.execute("SELECT pg_catalog.set_config('search_path', %s, true)", (saved,))
+        return out
 
 
 def _matrix(conn: psycopg.Connection) -> dict[str, Any]:

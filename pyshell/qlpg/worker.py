@@ -29,11 +29,12 @@ from typing import Callable
 
 import psycopg
 
-from . import api, db, errors
+from . import api, db, errors, ha
 from .process import run_process
 from .taskenv import build_task_env
 
 log = logging.getLogger("qlpg.worker")
+POLL_S = 0.1  # how often the process loop checks deadline, heartbeat and stop requests
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Worker:
     state_dir: Path
     lease_ms: int = 30000
     executor_type: str = "local_process"
+    combined_start: bool = False
     on_outcome: Callable[[AttemptOutcome], None] | None = None
     stop_event: threading.Event = field(default_factory=threading.Event)
     _conn: psycopg.Connection | None = None
@@ -85,25 +87,39 @@ class Worker:
     def _call(self, fn, *args, retry_forever: bool = False, **kw):
         """Call ``fn(conn, ...)``; on a broken connection reconnect with backoff and replay."""
         delay = 0.2
-        tries = 0
+        since = time.monotonic()
+        ambiguous = False  # the connection broke after the request was sent: resolved by the replay
         while True:
             try:
-                return fn(self._connection(), *args, **kw)
+                out = fn(self._connection(), *args, **kw)
+                if ambiguous:
+                    ha.record_ambiguous("worker", fn.__name__, args[:1], out)
+                return out
             except (psycopg.OperationalError, errors.ConnectError) as exc:
-                tries += 1
+                ambiguous = ambiguous or ha.is_ambiguous(exc)
                 self.close()
-                if not retry_forever and tries > 30:
+                if not retry_forever and time.monotonic() - since > ha.RECONNECT_WINDOW_S:
                     raise
                 if self.stop_event.is_set() and not retry_forever:
                     raise
                 log.warning("worker %s: database unavailable (%s); retrying in %.1fs", self.worker_id, exc, delay)
                 time.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, 2.0)
 
     # -------------------------------------------------------------- loop
     def run_once(self) -> bool:
-        """Lease and execute at most one attempt; return whether one was executed."""
-        leases = self._call(api.lease_acquire, self.worker_id, self.executor_type, 1, self.lease_ms)
+        """Lease and execute at most one attempt; return whether one was executed.
+
+        With ``combined_start`` the lease and the start barrier are one transaction
+        (``lease_acquire_start``: one commit less per step). Its trade-off: if that COMMIT's answer
+        is lost, the attempt is ``starting`` with a token nobody holds, and recovery needs
+        not_running evidence (``--reset-session`` on restart) instead of re-opening the epoch by
+        itself as it does for a lost ``lease_acquire`` answer.
+        """
+        if self.stop_event.is_set():
+            return False
+        fn = api.lease_acquire_start if self.combined_start else api.lease_acquire
+        leases = self._call(fn, self.worker_id, self.executor_type, 1, self.lease_ms)
         if not leases:
             return False
         self.execute(leases[0])
@@ -128,11 +144,16 @@ class Worker:
         run_dir = self.state_dir / "runs" / lease.run_id.replace(":", "_")
         log_dir = run_dir / "logs" / f"{lease.step_key}.{lease.attempt}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        if self.stop_event.is_set():
+        if getattr(lease, "status", "claimed") == "starting":  # lease_acquire_start crossed the barrier
+            started = {"deadline_at_ms": lease.deadline_at_ms, "started_at_ms": lease.started_at_ms}
+        elif self.stop_event.is_set():
             self._call(api.lease_release, lease.attempt_id, lease.lease_token, "shutdown")
             return None
+        else:
+            started = None
         try:
-            started = self._call(api.attempt_start, lease.attempt_id, lease.lease_token)
+            if started is None:
+                started = self._call(api.attempt_start, lease.attempt_id, lease.lease_token)
         except (errors.IllegalTransition, errors.StaleFence, errors.LeaseInvalid) as exc:
             log.info("attempt %s not started: %s", lease.attempt_id, exc)
             try:
@@ -146,7 +167,9 @@ class Worker:
             "QLPG_RUN_ID": lease.run_id, "QLPG_RUN_DIR": str(run_dir), "QLPG_STEP_KEY": lease.step_key,
             "QLPG_ATTEMPT_ID": lease.attempt_id, "QLPG_ATTEMPT": str(lease.attempt),
         })
-        heartbeat_every = max(0.2, self.lease_ms / 3000.0)
+        # Heartbeat so that consecutive lease_control calls are at most lease/3 apart: the poll loop
+        # of run_process wakes every POLL_S, so a beat is sent once lease/3 - POLL_S has passed.
+        heartbeat_every = max(0.05, self.lease_ms / 3000.0 - POLL_S)
         last_beat = [time.monotonic()]
 
         def should_stop() -> str | None:
@@ -168,7 +191,7 @@ class Worker:
         result = run_process(
             list(tmpl["command"]), cwd=tmpl.get("working_directory") or str(run_dir), env=env,
             log_dir=str(log_dir), max_output_bytes=int(policy.get("max_output_bytes", 10 * 1024 * 1024)),
-            deadline_monotonic=deadline, should_stop=should_stop, on_started=on_started,
+            deadline_monotonic=deadline, should_stop=should_stop, on_started=on_started, poll_interval_s=POLL_S,
         )
         detail = {"stdout_path": result.stdout_path, "stderr_path": result.stderr_path,
                   "duration_ms": result.duration_ms, "signal": result.signal,
@@ -177,6 +200,7 @@ class Worker:
             if result.start_error is not None:
                 detail["error"] = result.start_error[:2000]
                 done = self._call(api.attempt_start_failed, lease.attempt_id, lease.lease_token, detail)
+                ha.record_completion(self.worker_id, lease, "start_failed", None, None, done)
             else:
                 if result.exit_code == 0 and result.stop_reason is None:
                     reported = "succeeded"
@@ -188,6 +212,7 @@ class Worker:
                     reported = "failed"
                 done = self._call(api.attempt_complete, lease.attempt_id, lease.lease_token, reported,
                                   result.exit_code, detail)
+                ha.record_completion(self.worker_id, lease, "complete", reported, result.exit_code, done)
         except errors.LeaseInvalid as exc:
             log.warning("attempt %s: report refused (%s); recovery will resolve it", lease.attempt_id, exc)
             return None

@@ -16,7 +16,7 @@ BEGIN
       MESSAGE = pg_catalog.format('attempt %s already ended; this token did not end it', p_attempt_id);
   END IF;
   IF c.receipt ->> 'kind' IS DISTINCT FROM p_kind OR c.receipt ->> 'reported_outcome' IS DISTINCT FROM p_reported
-     OR (c.receipt -> 'exit_code') IS DISTINCT FROM pg_catalog.to_jsonb(p_exit_code) THEN
+     OR (c.receipt -> 'exit_code') IS DISTINCT FROM COALESCE(pg_catalog.to_jsonb(p_exit_code), 'null'::jsonb) THEN
     RAISE EXCEPTION USING ERRCODE = 'QL201',
       MESSAGE = pg_catalog.format('attempt %s already ended with %s (%s, exit %s); a different report is refused',
                                   p_attempt_id, c.outcome, c.receipt ->> 'reported_outcome', COALESCE(c.receipt ->> 'exit_code', 'null'));

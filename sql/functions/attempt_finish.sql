@@ -34,8 +34,13 @@ BEGIN
                                         'kind', p_kind, 'detail', COALESCE(p_detail, '{}'::jsonb)));
   UPDATE ql3.run_attempts SET status = v_final, ended_at_ms = ev.at_ms, lease_active = false
    WHERE id = a.id;
+  -- Second guard: only the fenced lease (the caller's token) is completed.
   UPDATE ql3.run_dispatch_leases SET status = 'completed', ended_at_ms = ev.at_ms, end_reason = p_kind
-   WHERE attempt_id = a.id AND status = 'leased' RETURNING * INTO l;
+   WHERE attempt_id = a.id AND status = 'leased' AND token_sha256 = p_token_sha256 RETURNING * INTO l;
+  IF l.attempt_id IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'QL401',
+      MESSAGE = pg_catalog.format('attempt %s: the live lease is not the caller''s', a.id);
+  END IF;
   s := ql3.step_run_transition(a.step_run_id, v_final, 'attempt ' || v_final, a.id);
   SELECT * INTO r FROM ql3.runs WHERE id = a.run_id;
   v_receipt := pg_catalog.jsonb_build_object(
@@ -46,7 +51,7 @@ BEGIN
     'event_sequence', ev.sequence, 'completed_at_ms', ev.at_ms);
   INSERT INTO ql3.run_attempt_completions (attempt_id, run_id, outcome, exit_code, detail, receipt, receipt_digest, completed_at_ms)
   VALUES (a.id, a.run_id, v_final, p_exit_code, COALESCE(p_detail, '{}'::jsonb), v_receipt,
-          ql3.domain_digest('qinglong/plugin-package-workflow-task-completion-receipt@v1', ql3.canonical_json(v_receipt::json)),
+          ql3.domain_digest('qinglong/plugin-package-workflow-task-completion-receipt@v1', ql3.canonical_json_flat(v_receipt)),
           ev.at_ms)
   RETURNING * INTO c;
   PERFORM ql3.frontier_advance(a.run_id, a.step_run_id);

@@ -9,11 +9,15 @@ DECLARE
   ev record;
 BEGIN
   PERFORM ql3.require_role('attempt_start', 'ql3_worker_ingress');
-  a := ql3.attempt_lock(p_attempt_id, p_lease_token, false);
+  -- Fence the token first without the expiry rule: a replay of a lost answer (attempt already
+  -- starting under this same lease) is answered even if the outage outlasted the lease.
+  a := ql3.attempt_lock(p_attempt_id, p_lease_token, true);
   IF a.status = 'starting' THEN  -- replay of a lost response
     RETURN QUERY SELECT a.id, a.status, a.deadline_at_ms, a.started_at_ms;
     RETURN;
   END IF;
+  -- Crossing the start barrier needs an unexpired lease.
+  PERFORM ql3.lease_check(p_attempt_id, p_lease_token, false, false);
   IF a.status <> 'claimed' THEN
     RAISE EXCEPTION USING ERRCODE = 'QL203', MESSAGE = pg_catalog.format('attempt %s is %s, not claimed', a.id, a.status);
   END IF;

@@ -28,6 +28,11 @@ BEGIN
   END IF;
   -- Same exclusive security boundary as quarantine: starts hold it shared.
   PERFORM ql3.advisory_lock('package', p_project_id || '/' || p_package_id, false);
+  -- Bump the boundary row (ql3.security_boundaries): starts whose snapshot predates this change fail
+  -- with 40001 at REPEATABLE READ/SERIALIZABLE and retry; a stale snapshot here fails the same way.
+  INSERT INTO ql3.security_boundaries AS b (kind, id, version, changed_at_ms)
+  VALUES ('package', p_project_id || '/' || p_package_id, 1, ql3.now_ms())
+  ON CONFLICT (kind, id) DO UPDATE SET version = b.version + 1, changed_at_ms = EXCLUDED.changed_at_ms;
   SELECT pg_catalog.jsonb_object_agg(w.workflow_key, w.semantic_digest) INTO v_workflows
     FROM ql3.package_revision_workflows w
    WHERE w.project_id = p_project_id AND w.package_id = p_package_id AND w.generation = p_generation;

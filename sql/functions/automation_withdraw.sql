@@ -15,6 +15,11 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'QL101', MESSAGE = pg_catalog.format('publication %s not found', p_publication_id);
   END IF;
   PERFORM ql3.advisory_lock('package', p.project_id || '/' || p.package_id, false);
+  -- Bump the boundary row (ql3.security_boundaries): starts whose snapshot predates this change fail
+  -- with 40001 at REPEATABLE READ/SERIALIZABLE and retry; a stale snapshot here fails the same way.
+  INSERT INTO ql3.security_boundaries AS b (kind, id, version, changed_at_ms)
+  VALUES ('package', p.project_id || '/' || p.package_id, 1, ql3.now_ms())
+  ON CONFLICT (kind, id) DO UPDATE SET version = b.version + 1, changed_at_ms = EXCLUDED.changed_at_ms;
   SELECT * INTO p FROM ql3.automation_publications a WHERE a.publication_id = p_publication_id FOR UPDATE;
   IF p.status = 'withdrawn' THEN
     RETURN QUERY SELECT 'idempotent'::text, p.publication_id, p.withdrawn_at_ms;

@@ -33,13 +33,8 @@ BEGIN
 
     RETURN ql3.domain_digest(
         'qinglong/task-execution-revision@v1',
-        ql3.canonical_json(pg_catalog.json_build_object(
-            'project_id',         p_project_id,
-            'task_id',            p_task_id,
-            'task_revision',      p_task_revision,
-            'executor_type',      p_executor_type,
-            'execution_template', ql3.execution_template_normalize(p_template)::json,
-            'context_ref',        p_context_ref)));
+        ql3.task_revision_canonical(p_project_id, p_task_id, p_task_revision, p_executor_type,
+                                    ql3.execution_template_normalize(p_template), p_context_ref));
 END;
 $fn$;
 
@@ -49,7 +44,8 @@ COMMENT ON FUNCTION ql3.execution_revision_digest(text, text, text, text, jsonb,
 'normalized here with ql3.execution_template_normalize, so unknown fields do not change the '
 'digest) and an opaque context_ref (text or NULL, stored as JSON null; never empty), and returns '
 'content_digest = ql3.domain_digest(''qinglong/task-execution-revision@v1'', ql3.canonical_json('
-'{project_id, task_id, task_revision, executor_type, execution_template, context_ref})): 64 '
+'{project_id, task_id, task_revision, executor_type, execution_template, context_ref})) -- the '
+'canonical text is built by ql3.task_revision_canonical, byte-identical to ql3.canonical_json: 64 '
 'lowercase hex chars. Raises QL001 for NULL/empty identity fields, an unknown executor_type, an '
 'empty context_ref or an invalid template, and QL002 for template bounds (see '
 'ql3.execution_template_normalize). Not STRICT (context_ref may be NULL). Not SECURITY DEFINER, '

@@ -11,12 +11,11 @@ STRICT
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    c_max_int   constant numeric := 9007199254740991;
+    c_max_int   constant numeric := 9007199254740991::numeric;
     v_out       jsonb := '{}'::jsonb;
     v_val       jsonb;
     v_elem      jsonb;
     v_txt       text;
-    v_i         integer;
     v_n         integer;
     v_seen      text[] := ARRAY[]::text[];
     v_key       text;
@@ -128,7 +127,7 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = 'QL001',
                 MESSAGE = 'execution_template.resource_policy: must be a JSON object';
         END IF;
-        SELECT pg_catalog.count(*) INTO v_n FROM pg_catalog.jsonb_object_keys(v_val);
+        SELECT pg_catalog.count(*)::integer INTO v_n FROM pg_catalog.jsonb_object_keys(v_val);
         IF v_n > 16 THEN
             RAISE EXCEPTION USING ERRCODE = 'QL002',
                 MESSAGE = 'execution_template.resource_policy: more than 16 keys';

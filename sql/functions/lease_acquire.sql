@@ -34,7 +34,7 @@ BEGIN
   LOOP
     SELECT * INTO v_rev FROM ql3.task_execution_revisions t
      WHERE t.project_id = a.project_id AND t.task_id = a.runtime_task_id AND t.task_revision = a.task_revision;
-    v_rev := ql3.task_revision_verify(v_rev);
+    v_rev := ql3.attempt_revision_verify(v_rev);
     IF v_rev.content_digest <> a.execution_digest THEN
       RAISE EXCEPTION USING ERRCODE = 'QL501', MESSAGE = pg_catalog.format('attempt %s: pinned execution revision does not verify', a.id);
     END IF;

@@ -16,6 +16,11 @@ BEGIN
   END IF;
   -- Exclusive security boundary: waits for admissions in flight, blocks later ones.
   PERFORM ql3.advisory_lock('package', p_project_id || '/' || p_package_id, false);
+  -- Bump the boundary row (ql3.security_boundaries): starts whose snapshot predates this change fail
+  -- with 40001 at REPEATABLE READ/SERIALIZABLE and retry; a stale snapshot here fails the same way.
+  INSERT INTO ql3.security_boundaries AS b (kind, id, version, changed_at_ms)
+  VALUES ('package', p_project_id || '/' || p_package_id, 1, ql3.now_ms())
+  ON CONFLICT (kind, id) DO UPDATE SET version = b.version + 1, changed_at_ms = EXCLUDED.changed_at_ms;
   SELECT q.quarantined_at_ms INTO v_at FROM ql3.package_quarantines q
    WHERE q.project_id = p_project_id AND q.package_id = p_package_id;
   IF FOUND THEN

@@ -6,7 +6,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
   d jsonb;
   v_project text; v_package text; v_version text; v_publisher text; v_installation text;
-  v_tasks jsonb := '{}'; v_workflows jsonb := '{}';
+  v_tasks jsonb := '{}'::jsonb; v_workflows jsonb := '{}'::jsonb;
   k text; t jsonb; w jsonb; sk text; st jsonb; v_steps jsonb; v_needs jsonb; v_dag jsonb;
   v_norm jsonb; v_rev text; v_lock text; v_gen integer; v_now bigint;
   v_existing record;
@@ -68,7 +68,7 @@ BEGIN
     IF (SELECT pg_catalog.count(*) FROM pg_catalog.jsonb_object_keys(w -> 'steps')) > 128 THEN
       RAISE EXCEPTION USING ERRCODE = 'QL002', MESSAGE = pg_catalog.format('document.workflows.%s.steps: more than 128 steps', k);
     END IF;
-    v_steps := '{}'; v_dag := '{}';
+    v_steps := '{}'::jsonb; v_dag := '{}'::jsonb;
     FOR sk, st IN SELECT * FROM pg_catalog.jsonb_each(w -> 'steps') LOOP
       PERFORM ql3.check_id(sk, pg_catalog.format('document.workflows.%s.steps key', k), 64);
       PERFORM ql3.json_require_keys(st, pg_catalog.format('document.workflows.%s.steps.%s', k, sk), ARRAY['task', 'needs']);
@@ -118,6 +118,10 @@ BEGIN
   INSERT INTO ql3.package_materialized_revisions (project_id, package_id, generation, revision_digest,
     installation_id, lock_digest, publisher_id, package_version, document, created_at_ms)
   VALUES (v_project, v_package, v_gen, v_rev, v_installation, v_lock, v_publisher, v_version, v_norm, v_now);
+  -- The package and publisher security boundary rows every start locks (ql3.start_guard).
+  INSERT INTO ql3.security_boundaries (kind, id, version, changed_at_ms)
+  VALUES ('package', v_project || '/' || v_package, 1, v_now), ('publisher', v_publisher, 1, v_now)
+  ON CONFLICT (kind, id) DO NOTHING;
   INSERT INTO ql3.package_revision_tasks (project_id, package_id, generation, task_key, source_digest,
     enabled, executor_type, execution_template)
   SELECT v_project, v_package, v_gen, e.key,

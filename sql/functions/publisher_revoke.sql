@@ -14,6 +14,11 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'QL001', MESSAGE = 'actor: must be 1..128 bytes';
   END IF;
   PERFORM ql3.advisory_lock('publisher', p_publisher_id, false);
+  -- Bump the boundary row (ql3.security_boundaries): starts whose snapshot predates this change fail
+  -- with 40001 at REPEATABLE READ/SERIALIZABLE and retry; a stale snapshot here fails the same way.
+  INSERT INTO ql3.security_boundaries AS b (kind, id, version, changed_at_ms)
+  VALUES ('publisher', p_publisher_id, 1, ql3.now_ms())
+  ON CONFLICT (kind, id) DO UPDATE SET version = b.version + 1, changed_at_ms = EXCLUDED.changed_at_ms;
   SELECT r.revoked_at_ms INTO v_at FROM ql3.publisher_revocations r WHERE r.publisher_id = p_publisher_id;
   IF FOUND THEN
     RETURN QUERY SELECT 'idempotent'::text, v_at;

@@ -5,7 +5,7 @@ DECLARE
   v_roles text[] := ARRAY['ql3_migration', 'ql3_admin', 'ql3_package_manager', 'ql3_package_executor',
                           'ql3_runtime', 'ql3_worker_ingress'];
   v_text text;
-  v_n integer;
+  v_n bigint;
 BEGIN
   PERFORM ql3.require_role('readiness', 'ql3_migration', 'ql3_admin', 'ql3_package_manager',
                            'ql3_package_executor', 'ql3_runtime', 'ql3_worker_ingress');
@@ -47,7 +47,7 @@ BEGIN
            'package_quarantines', 'publisher_revocations', 'task_reconciliation_receipts', 'task_reconciliation_items',
            'task_execution_revisions', 'step_run_mutations', 'run_events', 'workflow_admissions',
            'workflow_admission_steps', 'task_attempt_admissions', 'run_attempt_completions'])
-     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid AND t.tgenabled = 'O'
+     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid AND t.tgenabled IN ('O', 'A')
                       AND t.tgname = c.relname || '_immutable');
   RETURN QUERY SELECT 'immutability_triggers'::text, v_text IS NULL,
     COALESCE('tables without an enabled immutability trigger: ' || v_text, 'append-only tables refuse UPDATE/DELETE/TRUNCATE');
@@ -61,10 +61,10 @@ BEGIN
     COALESCE('table/sequence privileges held by non-owners: ' || v_text, 'no role but the owner has any table or sequence privilege');
 
   RETURN QUERY SELECT 'synchronous_commit'::text,
-    pg_catalog.current_setting('synchronous_commit') IN ('on', 'remote_apply', 'remote_write'),
+    pg_catalog.current_setting('synchronous_commit') IN ('on', 'remote_apply'),
     'synchronous_commit=' || pg_catalog.current_setting('synchronous_commit') ||
     ' synchronous_standby_names=' || COALESCE(NULLIF(pg_catalog.current_setting('synchronous_standby_names'), ''), '''''') ||
-    ' (qlpg needs on or stronger for its authority transactions; see docs/operations.md)';
+    ' (qlpg needs on or remote_apply for its authority transactions: remote_write, local and off can lose acknowledged receipts on failover; see docs/ha.md)';
   RETURN QUERY SELECT 'server_encoding'::text, pg_catalog.current_setting('server_encoding') = 'UTF8',
     'server_encoding=' || pg_catalog.current_setting('server_encoding');
   RETURN QUERY SELECT 'server_version'::text, pg_catalog.current_setting('server_version_num')::integer >= 150000,

@@ -18,14 +18,16 @@ BEGIN
   END IF;
   -- Bounded recovery source: attempts whose lease expired (by database time) get a control row.
   -- A claimed attempt that never had a lease is backlog and never appears here.
+  -- Concurrent loops take disjoint sets (SKIP LOCKED) instead of queueing on the same keys.
   INSERT INTO ql3.run_recovery_controls AS rc (attempt_id, run_id, status, next_claim_at_ms, created_at_ms, updated_at_ms)
-  SELECT ra.id, ra.run_id, 'available', v_now, v_now, v_now
-    FROM ql3.run_attempts ra
-   WHERE ra.lease_active AND ra.lease_expires_at_ms < v_now
-     AND NOT EXISTS (SELECT 1 FROM ql3.run_recovery_controls x
-                      WHERE x.attempt_id = ra.id AND x.status IN ('available', 'claimed', 'retry', 'manual'))
-   ORDER BY ra.lease_expires_at_ms, ra.id
-   LIMIT p_limit
+  SELECT e.id, e.run_id, 'available', v_now, v_now, v_now
+    FROM (SELECT ra.id, ra.run_id FROM ql3.run_attempts ra
+           WHERE ra.lease_active AND ra.lease_expires_at_ms < v_now
+             AND NOT EXISTS (SELECT 1 FROM ql3.run_recovery_controls x
+                              WHERE x.attempt_id = ra.id AND x.status IN ('available', 'claimed', 'retry', 'manual'))
+           ORDER BY ra.lease_expires_at_ms, ra.id
+           LIMIT p_limit
+           FOR NO KEY UPDATE OF ra SKIP LOCKED) e
   ON CONFLICT ON CONSTRAINT run_recovery_controls_pkey DO UPDATE SET status = 'available', next_claim_at_ms = v_now, updated_at_ms = v_now,
                                         claim_token_sha256 = NULL, claimed_by = NULL, claim_expires_at_ms = NULL
    WHERE rc.status = 'resolved';
@@ -50,6 +52,6 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION ql3.recovery_claim(text, integer, integer) IS
-  'Role ql3_runtime. Bounded recovery source (ADR-0227 §6): first records a run_recovery_controls row (available) for up to p_limit (1..64) attempts whose dispatch lease expired by database time (a claimed attempt that never had a lease is backlog and never listed); then claims up to p_limit controls that are available, in retry past their backoff, or claimed by a loop whose claim expired, with FOR UPDATE SKIP LOCKED: status claimed, claim token returned once (only its SHA-256 stored), claim_expires_at_ms = now + p_claim_ms (1000..600000). Returns (attempt_id, run_id, claim_token, claim_expires_at_ms, attempt_status, failure_count, last_evidence). Errors: QL001, QL002, QL601.';
+  'Role ql3_runtime. Bounded recovery source (ADR-0227 §6): first records a run_recovery_controls row (available) for up to p_limit (1..64) attempts whose dispatch lease expired by database time (a claimed attempt that never had a lease is backlog and never listed); then claims up to p_limit controls that are available, in retry past their backoff, or claimed by a loop whose claim expired, with FOR UPDATE SKIP LOCKED: status claimed, claim token returned once (only its SHA-256 stored), claim_expires_at_ms = now + p_claim_ms (1000..600000). Returns (attempt_id, run_id, claim_token, claim_expires_at_ms, attempt_status, failure_count, last_evidence). Concurrent loops get disjoint pages (SKIP LOCKED); call it at READ COMMITTED (qlpg does): every invariant is held by row locks and the primary key, and under SERIALIZABLE a SKIP LOCKED queue mostly produces serialization failures. Errors: QL001, QL002, QL601.';
 REVOKE ALL ON FUNCTION ql3.recovery_claim(text, integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION ql3.recovery_claim(text, integer, integer) TO ql3_runtime;

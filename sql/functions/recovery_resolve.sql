@@ -13,6 +13,7 @@ DECLARE
   v_res text;
   v_status text;
   v_next bigint;
+  v_alive boolean := false;
   ev record;
 BEGIN
   PERFORM ql3.require_role('recovery_resolve', 'ql3_runtime');
@@ -48,8 +49,10 @@ BEGIN
   END IF;
 
   IF a.status NOT IN ('claimed', 'starting', 'running') OR NOT a.lease_active OR a.lease_expires_at_ms >= v_now THEN
-    -- The attempt ended, or its holder heartbeated in time: nothing to recover.
+    -- The attempt ended, or its holder heartbeated in time: nothing to recover. A live holder also
+    -- contradicts any evidence given so far: a later expiry starts from scratch.
     v_res := 'no_action'; v_status := 'resolved';
+    v_alive := a.status IN ('claimed', 'starting', 'running') AND a.lease_active;
   ELSIF a.status = 'claimed' THEN
     -- Pre-start: no side effect happened. Attempt lost; StepRun ready -> ready opens a new epoch.
     ev := ql3.run_event_append(a.run_id, 'workflow.task_attempt_lost', a.step_run_id, a.id,
@@ -94,7 +97,10 @@ BEGIN
   END IF;
   UPDATE ql3.run_recovery_controls x
      SET status = v_status, resolution = v_res, claim_token_sha256 = NULL, claim_expires_at_ms = NULL,
-         next_claim_at_ms = COALESCE(v_next, x.next_claim_at_ms), updated_at_ms = v_now
+         next_claim_at_ms = COALESCE(v_next, x.next_claim_at_ms), updated_at_ms = v_now,
+         failure_count = CASE WHEN v_alive THEN 0 ELSE x.failure_count END,
+         last_evidence = CASE WHEN v_alive THEN NULL ELSE x.last_evidence END,
+         evidence_source = CASE WHEN v_alive THEN NULL ELSE x.evidence_source END
    WHERE x.attempt_id = a.id;
   SELECT x.status INTO v_res FROM ql3.run_attempts x WHERE x.id = a.id;
   RETURN QUERY SELECT a.id, v_status, (SELECT x.resolution FROM ql3.run_recovery_controls x WHERE x.attempt_id = a.id),
@@ -102,6 +108,6 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION ql3.recovery_resolve(text, text) IS
-  'Role ql3_runtime. Resolves one claimed recovery control (ADR-0227 §6) under the same authority as activation and completion (Run lock, attempt advisory lock, then the control), re-checking the claim token, Run, Attempt, admission receipt and StepRun snapshot in one transaction. Rules: attempt ended or lease renewed in time -> resolved/no_action; lease expired while claimed -> Attempt lost, StepRun ready -> ready (version and digest bumped, attempt count and ready time kept: a new epoch; cancelled instead under a Run cancel request) -> resolved/lost_before_start; starting/running with trusted not_running evidence (worker restart declaration or operator) -> Attempt lost, StepRun running -> lost -> failed (or ready -> failed from starting), dependents skipped, Run aggregated -> resolved/lost_after_start; otherwise failure_count + 1 -> retry with backoff (2^n s, max 60 s), manual after 5 tries. Never silently retries past the start barrier; the Run-level lost transition is never used. Returns (attempt_id, status, resolution, attempt_status, step_run_status, next_claim_at_ms). Errors: QL001, QL101, QL202 claim not held, QL501 integrity, QL601.';
+  'Role ql3_runtime. Resolves one claimed recovery control (ADR-0227 §6) under the same authority as activation and completion (Run lock, attempt advisory lock, then the control), re-checking the claim token, Run, Attempt, admission receipt and StepRun snapshot in one transaction. Rules: attempt ended or lease renewed in time -> resolved/no_action (a live holder also clears the failure count and any evidence recorded so far: it contradicted them); lease expired while claimed -> Attempt lost, StepRun ready -> ready (version and digest bumped, attempt count and ready time kept: a new epoch; cancelled instead under a Run cancel request) -> resolved/lost_before_start; starting/running with trusted not_running evidence (worker restart declaration or operator) -> Attempt lost, StepRun running -> lost -> failed (or ready -> failed from starting), dependents skipped, Run aggregated -> resolved/lost_after_start; otherwise failure_count + 1 -> retry with backoff (2^n s, max 60 s), manual after 5 tries. Never silently retries past the start barrier; the Run-level lost transition is never used. Returns (attempt_id, status, resolution, attempt_status, step_run_status, next_claim_at_ms). Errors: QL001, QL101, QL202 claim not held, QL501 integrity, QL601.';
 REVOKE ALL ON FUNCTION ql3.recovery_resolve(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION ql3.recovery_resolve(text, text) TO ql3_runtime;

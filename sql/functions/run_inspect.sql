@@ -29,14 +29,20 @@ BEGIN
         'lease_active', a.lease_active, 'lease_expires_at_ms', a.lease_expires_at_ms,
         'deadline_at_ms', a.deadline_at_ms, 'stop_reason', a.stop_reason,
         'created_at_ms', a.created_at_ms, 'started_at_ms', a.started_at_ms, 'running_at_ms', a.running_at_ms,
-        'ended_at_ms', a.ended_at_ms, 'exit_code', c.exit_code,
-        'detail', c.detail) ORDER BY a.attempt)
+        'ended_at_ms', a.ended_at_ms, 'outcome', c.outcome, 'exit_code', c.exit_code,
+        'detail', c.detail,
+        'recovery', CASE WHEN rc.attempt_id IS NULL THEN NULL ELSE pg_catalog.jsonb_build_object(
+          'status', rc.status, 'resolution', rc.resolution, 'failure_count', rc.failure_count,
+          'last_evidence', rc.last_evidence, 'evidence_source', rc.evidence_source,
+          'claimed_by', rc.claimed_by, 'claim_expires_at_ms', rc.claim_expires_at_ms,
+          'next_claim_at_ms', rc.next_claim_at_ms, 'updated_at_ms', rc.updated_at_ms) END) ORDER BY a.attempt)
       FROM ql3.run_attempts a JOIN ql3.step_runs s ON s.id = a.step_run_id
       LEFT JOIN ql3.run_attempt_completions c ON c.attempt_id = a.id
+      LEFT JOIN ql3.run_recovery_controls rc ON rc.attempt_id = a.id
       WHERE a.run_id = p_run_id), '[]'::jsonb));
 END
 $fn$;
 COMMENT ON FUNCTION ql3.run_inspect(text) IS
-  'Roles ql3_admin and ql3_runtime. Read-only view of one Run: jsonb {run {id, status, version, event_sequence, cancel fields, times in ms, ...}, steps [{step_run_id, step_key, status, version, attempt_count, needs, digest, times}], attempts [{attempt_id, attempt, step_key, status, worker_id, lease and deadline times in ms, exit_code}]}. No lease tokens or token digests are returned. Errors: QL001 bad id, QL101 unknown run, QL601.';
+  'Roles ql3_admin and ql3_runtime. Read-only view of one Run: jsonb {run {id, status, version, event_sequence, cancel fields, times in ms, ...}, steps [{step_run_id, step_key, status, version, attempt_count, needs, digest, times}], attempts [{attempt_id, attempt, step_key, status, worker_id, lease and deadline times in ms, stop_reason, outcome, exit_code, detail, recovery: null or {status available|claimed|resolved|retry|manual, resolution, failure_count, last_evidence, evidence_source, claimed_by, claim_expires_at_ms, next_claim_at_ms, updated_at_ms}}]}. No lease or claim tokens or their digests are returned. Errors: QL001 bad id, QL101 unknown run, QL601.';
 REVOKE ALL ON FUNCTION ql3.run_inspect(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION ql3.run_inspect(text) TO ql3_admin, ql3_runtime;

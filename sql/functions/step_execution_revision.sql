@@ -1,7 +1,7 @@
 CREATE OR REPLACE FUNCTION ql3.step_execution_revision(p_run_id text, p_step_run_id text,
   OUT run ql3.runs, OUT step ql3.step_runs, OUT reconciliation_receipt_digest text,
   OUT item ql3.task_reconciliation_items, OUT revision ql3.task_execution_revisions)
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   a ql3.workflow_admissions;
   rc ql3.task_reconciliation_receipts;
@@ -43,12 +43,12 @@ BEGIN
   IF NOT FOUND THEN
     RAISE EXCEPTION USING ERRCODE = 'QL101', MESSAGE = pg_catalog.format('task execution revision %s %s is unavailable', item.runtime_task_id, item.task_revision);
   END IF;
-  revision := ql3.task_revision_verify(revision);
+  revision := ql3.attempt_revision_verify(revision);
   IF revision.content_digest <> item.execution_digest OR revision.executor_type <> item.executor_type THEN
     RAISE EXCEPTION USING ERRCODE = 'QL501', MESSAGE = pg_catalog.format('execution revision %s does not match reconciliation item digest', item.task_revision);
   END IF;
 END
 $fn$;
 COMMENT ON FUNCTION ql3.step_execution_revision(text, text) IS
-  'Internal (owner only). Resolves the generation-bound execution facts of one StepRun: the Run, the StepRun (bound by the exact admitted plan), the Task reconciliation receipt of exactly the plan''s generation/project/package/lock/revision, its item for the step''s task, and the verified immutable Task Execution Revision (never a current head). Errors: QL101 missing, QL202 receipt drift, QL501 integrity failure. Source: ADR-0227 §1.';
+  'Internal (owner only). Resolves the generation-bound execution facts of one StepRun: the Run, the StepRun (bound by the exact admitted plan), the Task reconciliation receipt of exactly the plan''s generation/project/package/lock/revision, its item for the step''s task, and the verified immutable Task Execution Revision (never a current head; fail-closed verification through ql3.attempt_revision_verify, remembered per exact stored content). Errors: QL101 missing, QL202 receipt drift, QL501 integrity failure. Source: ADR-0227 §1.';
 REVOKE ALL ON FUNCTION ql3.step_execution_revision(text, text) FROM PUBLIC;

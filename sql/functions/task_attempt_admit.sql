@@ -4,15 +4,8 @@ RETURNS TABLE (attempt_id text, attempt integer, event_id text, receipt jsonb, r
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 #variable_conflict use_variable
 DECLARE
-  r ql3.runs;
-  x record;
-  ad ql3.task_attempt_admissions;
-  v_claim_digest text;
-  v_ids record;
-  v_attempt integer;
-  ev record;
-  v_receipt jsonb;
-  v_receipt_digest text;
+  r record;
+  res record;
   e jsonb := p_execution_revision;
 BEGIN
   PERFORM ql3.require_role('task_attempt_admit', 'ql3_runtime');
@@ -36,103 +29,33 @@ BEGIN
   IF e ? 'context_ref' AND pg_catalog.jsonb_typeof(e -> 'context_ref') NOT IN ('string', 'null') THEN
     RAISE EXCEPTION USING ERRCODE = 'QL001', MESSAGE = 'execution_revision.context_ref: must be a string or null';
   END IF;
-  -- Recompute the caller's execution revision digest ourselves; never trust a claimed digest.
-  v_claim_digest := ql3.execution_revision_digest(ql3.json_text(e, 'project_id', 'execution_revision', 36),
-    ql3.json_text(e, 'task_id', 'execution_revision', 128), ql3.json_text(e, 'task_revision', 'execution_revision', 128),
-    e ->> 'executor_type', e -> 'execution_template', e ->> 'context_ref');
-  IF e ? 'content_digest' AND e ->> 'content_digest' IS DISTINCT FROM v_claim_digest THEN
-    RAISE EXCEPTION USING ERRCODE = 'QL202',
-      MESSAGE = 'execution_revision.content_digest: the claimed digest differs from the recomputed one';
+  -- Cheap shape checks first (QL001 before any lookup); the digest itself is recomputed under
+  -- the locks by ql3.attempt_claim_digest (never trusting a claimed content_digest).
+  PERFORM ql3.json_text(e, 'project_id', 'execution_revision', 36), ql3.json_text(e, 'task_id', 'execution_revision', 128),
+          ql3.json_text(e, 'task_revision', 'execution_revision', 128);
+  IF e ? 'content_digest' AND (pg_catalog.jsonb_typeof(e -> 'content_digest') <> 'string'
+                               OR e ->> 'content_digest' !~ '^[0-9a-f]{64}$') THEN
+    RAISE EXCEPTION USING ERRCODE = 'QL001', MESSAGE = 'execution_revision.content_digest: must be 64 lowercase hex';
   END IF;
 
-  SELECT * INTO r FROM ql3.runs WHERE id = p_run_id;
+  SELECT x.project_id, x.package_id, x.publisher_id INTO r FROM ql3.runs x WHERE x.id = p_run_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION USING ERRCODE = 'QL101', MESSAGE = pg_catalog.format('run %s not found', p_run_id);
   END IF;
-  PERFORM ql3.advisory_lock('package', r.project_id || '/' || r.package_id, true);
-  PERFORM ql3.advisory_lock('publisher', r.publisher_id, true);
-  PERFORM ql3.advisory_lock('run', p_run_id);
-
-  -- Exact replay of the same ready epoch returns the identical receipt.
-  SELECT * INTO ad FROM ql3.task_attempt_admissions t
-   WHERE t.run_id = p_run_id AND t.step_run_id = p_step_run_id AND t.step_run_version = p_step_run_version;
-  IF FOUND THEN
-    IF ad.execution_digest <> v_claim_digest OR ad.receipt ->> 'step_run_digest' <> p_step_run_digest THEN
-      RAISE EXCEPTION USING ERRCODE = 'QL201',
-        MESSAGE = pg_catalog.format('epoch (%s, %s, %s) was admitted with another execution revision or StepRun digest',
-                                    p_run_id, p_step_run_id, p_step_run_version);
-    END IF;
-    RETURN QUERY SELECT ad.attempt_id, ad.attempt, ad.event_id, ad.receipt, ad.receipt_digest, true;
-    RETURN;
+  -- A committed admission of this epoch is immutable: its replay needs no lock (so the losers of
+  -- a race that arrive after the winner's COMMIT do not queue on the Run lock).
+  IF NOT EXISTS (SELECT 1 FROM ql3.task_attempt_admissions t WHERE t.run_id = p_run_id
+                    AND t.step_run_id = p_step_run_id AND t.step_run_version = p_step_run_version) THEN
+    PERFORM ql3.advisory_lock('package', r.project_id || '/' || r.package_id, true);
+    PERFORM ql3.advisory_lock('publisher', r.publisher_id, true);
+    PERFORM ql3.advisory_lock('run', p_run_id);
   END IF;
-
-  x := ql3.step_execution_revision(p_run_id, p_step_run_id);
-  r := x.run;
-  IF r.status <> 'running' THEN
-    RAISE EXCEPTION USING ERRCODE = 'QL203', MESSAGE = pg_catalog.format('run %s is %s, not running', p_run_id, r.status);
-  END IF;
-  IF r.cancel_requested_at_ms IS NOT NULL THEN
-    RAISE EXCEPTION USING ERRCODE = 'QL203', MESSAGE = pg_catalog.format('run %s has a cancel request: admission is frozen', p_run_id);
-  END IF;
-  PERFORM ql3.start_guard(r.project_id, r.package_id, r.publisher_id, NULL);
-  IF (x.step).version <> p_step_run_version THEN
+  SELECT * INTO res FROM ql3.attempt_admit_epoch(p_run_id, p_step_run_id, p_step_run_version, p_step_run_digest, e, false) x;
+  IF e ? 'content_digest' AND e ->> 'content_digest' IS DISTINCT FROM (res.receipt ->> 'execution_digest') THEN
     RAISE EXCEPTION USING ERRCODE = 'QL202',
-      MESSAGE = pg_catalog.format('step run %s: version %s is stale (current %s)', p_step_run_id, p_step_run_version, (x.step).version);
+      MESSAGE = 'execution_revision.content_digest: the claimed digest differs from the recomputed one';
   END IF;
-  IF (x.step).status <> 'ready' THEN
-    RAISE EXCEPTION USING ERRCODE = 'QL203', MESSAGE = pg_catalog.format('step run %s is %s, not ready', p_step_run_id, (x.step).status);
-  END IF;
-  IF (x.step).digest <> ql3.step_run_digest(p_run_id, p_step_run_id, (x.step).step_key, (x.step).task_key, (x.step).status,
-                                            (x.step).version, (x.step).attempt_count, (x.step).ready_at_ms) THEN
-    RAISE EXCEPTION USING ERRCODE = 'QL501', MESSAGE = pg_catalog.format('step run %s: stored digest does not verify', p_step_run_id);
-  END IF;
-  IF (x.step).digest <> p_step_run_digest THEN
-    RAISE EXCEPTION USING ERRCODE = 'QL202', MESSAGE = pg_catalog.format('step run %s: digest %s is stale', p_step_run_id, p_step_run_digest);
-  END IF;
-  IF e ->> 'project_id' <> (x.revision).project_id OR e ->> 'task_id' <> (x.item).runtime_task_id
-     OR e ->> 'task_revision' <> (x.item).task_revision OR e ->> 'executor_type' <> (x.item).executor_type
-     OR v_claim_digest <> (x.item).execution_digest THEN
-    RAISE EXCEPTION USING ERRCODE = 'QL202',
-      MESSAGE = pg_catalog.format('execution revision disagrees with the generation-bound reconciliation item (expected %s %s %s)',
-                                  (x.item).runtime_task_id, (x.item).task_revision, (x.item).executor_type);
-  END IF;
-  IF EXISTS (SELECT 1 FROM ql3.run_attempts ra WHERE ra.step_run_id = p_step_run_id
-              AND ra.status IN ('claimed', 'starting', 'running')) THEN
-    RAISE EXCEPTION USING ERRCODE = 'QL203', MESSAGE = pg_catalog.format('step run %s already has a live attempt', p_step_run_id);
-  END IF;
-  v_attempt := r.last_attempt + 1;
-  IF v_attempt > 8192 THEN
-    RAISE EXCEPTION USING ERRCODE = 'QL002', MESSAGE = pg_catalog.format('run %s: attempt number would exceed 8192', p_run_id);
-  END IF;
-  v_ids := ql3.attempt_ids(r.plan_digest, p_step_run_id, p_step_run_version);
-  ev := ql3.run_event_append(p_run_id, 'workflow.task_attempt_admitted', p_step_run_id, v_ids.attempt_id,
-          pg_catalog.jsonb_build_object('event_id', v_ids.event_id, 'attempt', v_attempt,
-                                        'step_run_version', p_step_run_version, 'executor_type', (x.item).executor_type));
-  UPDATE ql3.runs SET last_attempt = v_attempt WHERE id = p_run_id RETURNING * INTO r;
-  v_receipt := pg_catalog.jsonb_build_object(
-    'schema', 'qinglong/plugin-package-workflow-task-attempt-receipt@v1',
-    'run_id', p_run_id, 'plan_digest', r.plan_digest,
-    'step_run_id', p_step_run_id, 'step_run_version', p_step_run_version, 'step_run_digest', (x.step).digest,
-    'reconciliation_receipt_digest', x.reconciliation_receipt_digest,
-    'runtime_task_id', (x.item).runtime_task_id, 'task_revision', (x.item).task_revision,
-    'task_definition_digest', (x.item).definition_digest, 'execution_digest', (x.item).execution_digest,
-    'executor_type', (x.item).executor_type,
-    'attempt_id', v_ids.attempt_id, 'attempt', v_attempt, 'event_id', v_ids.event_id,
-    'event_sequence', ev.sequence, 'run_version', r.version, 'admitted_at_ms', ev.at_ms);
-  v_receipt_digest := ql3.domain_digest('qinglong/plugin-package-workflow-task-attempt-receipt@v1',
-                                        ql3.canonical_json(v_receipt::json));
-  INSERT INTO ql3.task_attempt_admissions (run_id, step_run_id, step_run_version, attempt_id, attempt, event_id,
-    runtime_task_id, task_revision, executor_type, execution_digest, receipt, receipt_digest, admitted_at_ms)
-  VALUES (p_run_id, p_step_run_id, p_step_run_version, v_ids.attempt_id, v_attempt, v_ids.event_id,
-          (x.item).runtime_task_id, (x.item).task_revision, (x.item).executor_type, (x.item).execution_digest,
-          v_receipt, v_receipt_digest, ev.at_ms);
-  INSERT INTO ql3.run_attempts (id, run_id, step_run_id, step_run_version, attempt, status, executor_type, project_id,
-    runtime_task_id, task_revision, execution_digest, timeout_ms, created_at_ms)
-  VALUES (v_ids.attempt_id, p_run_id, p_step_run_id, p_step_run_version, v_attempt, 'claimed', (x.item).executor_type,
-          r.project_id, (x.item).runtime_task_id, (x.item).task_revision, (x.item).execution_digest,
-          ((x.revision).execution_template ->> 'timeout_ms')::integer, ev.at_ms);
-  UPDATE ql3.step_runs SET epoch_admitted = true, current_attempt_id = v_ids.attempt_id WHERE id = p_step_run_id;
-  RETURN QUERY SELECT v_ids.attempt_id, v_attempt, v_ids.event_id, v_receipt, v_receipt_digest, false;
+  RETURN QUERY SELECT res.attempt_id, res.attempt, res.event_id, res.receipt, res.receipt_digest, res.replayed;
 END
 $fn$;
 COMMENT ON FUNCTION ql3.task_attempt_admit(text, text, integer, text, jsonb) IS

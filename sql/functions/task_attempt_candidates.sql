@@ -14,12 +14,14 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'QL001', MESSAGE = 'after_run_id and after_step_run_id: give both or neither';
   END IF;
   -- Keyset page over the partial index step_runs_candidates_idx (ready epochs without a winner).
+  -- The cursor is always an index condition (ids are never empty, so '' starts at the beginning);
+  -- runs_admissible_idx keeps the Run side of the join off the finished history too.
   RETURN QUERY
   SELECT s.run_id, s.id, s.version, s.digest, s.step_key, s.task_key, s.ready_at_ms
     FROM ql3.step_runs s
     JOIN ql3.runs r ON r.id = s.run_id
    WHERE s.status = 'ready' AND NOT s.epoch_admitted
-     AND (p_after_run_id IS NULL OR (s.run_id, s.id) > (p_after_run_id, p_after_step_run_id))
+     AND (s.run_id, s.id) > (COALESCE(p_after_run_id, ''), COALESCE(p_after_step_run_id, ''))
      AND r.status = 'running' AND r.cancel_requested_at_ms IS NULL
    ORDER BY s.run_id, s.id
    LIMIT p_limit;

@@ -1,6 +1,6 @@
 CREATE OR REPLACE FUNCTION ql3.task_attempt_snapshot(p_run_id text, p_step_run_id text, p_step_run_version integer)
 RETURNS jsonb
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   x record;
 BEGIN
@@ -24,6 +24,6 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION ql3.task_attempt_snapshot(text, text, integer) IS
-  'Role ql3_runtime. Runtime-only snapshot for Task Attempt admission: jsonb {run_id, step_run_id, step_run_version, step_run_digest, step_run_status, reconciliation_receipt_digest, execution_revision {project_id, task_id pkg:<package>:<task>, task_revision qltd:v1:<generation>:<digest>, executor_type, execution_template, context_ref, content_digest}} from the generation-bound reconciliation item (never a current head). Read-only. Errors: QL001, QL101, QL202 version moved or receipt drift, QL501 integrity failure, QL601. Source: ADR-0227 §1.';
+  'Role ql3_runtime. Runtime-only snapshot for Task Attempt admission: jsonb {run_id, step_run_id, step_run_version, step_run_digest, step_run_status, reconciliation_receipt_digest, execution_revision {project_id, task_id pkg:<package>:<task>, task_revision qltd:v1:<generation>:<digest>, executor_type, execution_template, context_ref, content_digest}} from the generation-bound reconciliation item (never a current head). Read-only apart from the verification memo. Errors: QL001, QL101, QL202 version moved or receipt drift, QL501 integrity failure, QL601. Source: ADR-0227 §1.';
 REVOKE ALL ON FUNCTION ql3.task_attempt_snapshot(text, text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION ql3.task_attempt_snapshot(text, text, integer) TO ql3_runtime;

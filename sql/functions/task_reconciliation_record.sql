@@ -6,7 +6,7 @@ DECLARE
   m ql3.package_materialized_revisions;
   t record;
   w record;
-  v_items jsonb := '[]';
+  v_items jsonb := '[]'::jsonb;
   v_task_id text; v_def text; v_rev text; v_ctx text;
   v_receipt text;
 BEGIN
