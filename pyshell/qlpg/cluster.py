@@ -312,6 +312,22 @@ _WATCHDOG_SRC = (
 # TempCluster
 
 
+
+def close_watchdog(owner) -> None:
+    """Close ``owner._watch_fd`` (the pipe its watchdog waits on) and reap ``owner._watchdog``.
+
+    Shared by :class:`TempCluster` and :class:`qlpg.cluster_pgbouncer.TempPgBouncer`.
+    """
+    if owner._watch_fd is not None:
+        os.close(owner._watch_fd)
+        owner._watch_fd = None
+    if owner._watchdog is not None:
+        try:
+            owner._watchdog.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            owner._watchdog.kill()
+        owner._watchdog = None
+
 class TempCluster:
     """A private throwaway PostgreSQL cluster; a context manager.
 
@@ -540,15 +556,7 @@ class TempCluster:
         self.timings["stop"] = time.monotonic() - t0
         with _LIVE_LOCK:
             _LIVE.pop(id(self), None)
-        if self._watch_fd is not None:
-            os.close(self._watch_fd)
-            self._watch_fd = None
-        if self._watchdog is not None:
-            try:
-                self._watchdog.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                self._watchdog.kill()
-            self._watchdog = None
+        close_watchdog(self)
         alive = self.pid is not None and _pid_alive(self.pid)
         if alive or os.path.exists(self.base):
             raise ClusterError(f"could not fully stop/remove cluster {self.base}: {problems}")

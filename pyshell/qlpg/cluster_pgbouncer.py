@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from .cluster import ClusterError, _free_port, _pid_alive, _server_ids
+from .cluster import ClusterError, _free_port, _pid_alive, _server_ids, close_watchdog
 
 __all__ = ["TempPgBouncer", "find_pgbouncer", "INSTALL_HINT"]
 
@@ -333,15 +333,7 @@ class TempPgBouncer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
-        if self._watch_fd is not None:
-            os.close(self._watch_fd)
-            self._watch_fd = None
-        if self._watchdog is not None:
-            try:
-                self._watchdog.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                self._watchdog.kill()
-            self._watchdog = None
+        close_watchdog(self)
 
     def stop(self) -> None:
         """Stop PgBouncer and remove its directory; idempotent."""
