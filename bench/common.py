@@ -20,7 +20,8 @@ Import from a script in ``bench/`` with ``import common`` (the script's director
     migrated with ``qlpg migrate`` unless ``migrate=False``; dropped (``WITH (FORCE)``) on exit.
 ``temp_login(role, prefix, *, conninfo="")``
     Context manager yielding the name of a throwaway login that is a member of exactly ``role``
-    (a ``ql3_*`` group role); dropped on exit. Connect with ``with_user(db_conninfo, name)``.
+    (a ``ql3_*`` group role; on a cluster without the group roles a throwaway database is migrated
+    first, which creates them); dropped on exit. Connect with ``with_user(db_conninfo, name)``.
 ``server_info(conninfo="") -> dict``
     Machine and server facts for a results header: cpus, memory, kernel, server version and the
     settings that matter (shared_buffers, synchronous_commit, fsync, wal_sync_method, max_connections).
@@ -124,6 +125,11 @@ def temp_login(role: str, prefix: str, *, conninfo: str = "") -> Iterator[str]:
     admin = _with(conninfo, dbname="postgres")
     from psycopg.rows import dict_row
 
+    with psycopg.connect(admin, autocommit=True, row_factory=dict_row) as c:
+        missing = c.execute("SELECT NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s) AS m", (role,)).fetchone()["m"]
+    if missing:  # a cluster qlpg never ran on: the group roles come from qlpg migrate's bootstrap
+        with scratch_database("qlpg_bench_roles", conninfo=conninfo):
+            pass
     with psycopg.connect(admin, autocommit=True, row_factory=dict_row) as c:
         roles.create_login(c, name, role)
     try:

@@ -57,7 +57,7 @@ def failing(rows: list[dict]) -> set[str]:
 EXPECTED_CHECKS = {"schema_capabilities", "migrations_applied", "roles_present", "roles_least_privilege",
                    "function_security", "immutability_triggers", "no_table_privileges", "synchronous_commit",
                    "server_encoding", "server_version", "grants_golden_file", "functions_deployed",
-                   "immutable_digests"}
+                   "immutable_digests", "planner_statistics"}
 
 
 def test_doctor_exits_0_on_a_fresh_database_as_superuser(qlpg_db, golden):
@@ -149,3 +149,24 @@ def test_doctor_reports_golden_file_differences(qlpg_db, golden, capsys):
     rc, rows = doctor(qlpg_db.conninfo, capsys)
     row = next(r for r in rows if r["check"] == "grants_golden_file")
     assert rc == 1 and not row["ok"] and "not found" in row["detail"], row
+
+
+def test_doctor_flags_statistics_taken_while_a_table_was_empty(qlpg_db, golden, capsys):
+    """The planner-statistics trap (docs/operations.md "Planner statistics"): ANALYZE while a table
+    is empty, then the table grows. doctor fails with the table named; ANALYZE clears it."""
+    with psycopg.connect(qlpg_db.conninfo, autocommit=True) as c:
+        c.execute("VACUUM ANALYZE ql3.security_boundaries")
+        rc, rows = doctor(qlpg_db.conninfo, capsys)
+        by = {r["check"]: r for r in rows}
+        assert by["planner_statistics"]["ok"], by["planner_statistics"]  # empty and known empty: fine
+        c.execute("INSERT INTO ql3.security_boundaries (kind, id, version, changed_at_ms)"
+                  " SELECT 'publisher', 'stale-' || g, 1, 0 FROM generate_series(1, 2000) g")
+        c.execute("SELECT pg_stat_force_next_flush()")
+        c.execute("SELECT 1")  # the flush happens at the end of this transaction
+        rc, rows = doctor(qlpg_db.conninfo, capsys)
+        by = {r["check"]: r for r in rows}
+        assert rc != 0 and failing(rows) == {"planner_statistics"}, rows
+        assert "ql3.security_boundaries (statistics 0 rows, live ~2,000)" in by["planner_statistics"]["detail"]
+        c.execute("ANALYZE ql3.security_boundaries")
+        rc, rows = doctor(qlpg_db.conninfo, capsys)
+        assert rc == 0, [r for r in rows if not r["ok"]]

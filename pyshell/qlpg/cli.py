@@ -93,11 +93,25 @@ def cmd_workflow_start(args) -> int:
     return 0
 
 
+def _partition(text: str) -> tuple[int, int]:
+    """``K/N`` -> (K, N) with 0 <= K < N (argparse type of ``qlpg runtime --partition``)."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N, got {text!r}") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise argparse.ArgumentTypeError(f"need 0 <= K < N, got {text!r}")
+    return (k, n)
+
+
 def cmd_runtime(args) -> int:
     from .runtime import Runtime
     from .worker import install_sigterm
 
-    rt = Runtime(_conninfo(args), recovery=not args.no_recovery, batch=args.batch)
+    if args.batch and args.partition:
+        console.print("qlpg runtime: --partition applies to per-candidate admission, not --batch", soft_wrap=True)
+        return 2
+    rt = Runtime(_conninfo(args), recovery=not args.no_recovery, batch=args.batch, partition=args.partition)
     if args.once:
         s = rt.run_once()
         console.print(f"admitted {s.admitted}, replayed {s.replayed}, skipped {s.skipped}, "
@@ -307,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-recovery", action="store_true")
     s.add_argument("--batch", action="store_true",
                    help="admit whole candidate pages in one transaction (task_attempt_admit_page; docs/api-notes.md)")
+    s.add_argument("--partition", type=_partition, metavar="K/N",
+                   help="admit only the Runs in share K of N (crc32 of the Run id); run N loops, K = 0..N-1")
     s.add_argument("--idle-ms", type=int, default=500)
     s.set_defaults(fn=cmd_runtime)
 

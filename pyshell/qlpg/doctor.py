@@ -4,7 +4,8 @@
 in one of the six roles, or a superuser) plus checks only the shell can make: the grants golden
 file ``docs/security/grants.md`` (``grants-pg17plus.md`` on PostgreSQL 17+, see
 :data:`qlpg.security.GOLDEN_FILES`) equals the live privilege matrix, every immutable record's digest
-still verifies (``verify_digests``), and the deployed function files equal ``sql/functions``.
+still verifies (``verify_digests``), the deployed function files equal ``sql/functions``, and the
+planner statistics of the ``ql3`` tables are not stale (``planner_statistics``).
 ``$QLPG_GRANTS_GOLDEN`` names another golden file to compare with (e.g. a deployment's own).
 """
 
@@ -49,12 +50,53 @@ def _golden_row(golden: Path, live: str) -> dict:
                       "the full matrix"}
 
 
+# A ql3 table whose statistics say "about empty" while it holds at least this many live rows (and
+# more than STALE_FACTOR times what the statistics say) fails ``planner_statistics``.
+STALE_MIN_ROWS = 1000
+STALE_FACTOR = 10
+
+_STALE_Q = """
+SELECT c.relname, c.reltuples::bigint AS reltuples, s.n_live_tup
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_stat_all_tables s ON s.relid = c.oid
+ WHERE c.relnamespace = 'ql3'::pg_catalog.regnamespace AND c.relkind = 'r'
+   AND c.reltuples >= 0
+   AND s.n_live_tup >= %(min)s AND s.n_live_tup > %(factor)s * GREATEST(c.reltuples, 1)
+ ORDER BY s.n_live_tup DESC, c.relname
+"""
+
+
+def planner_statistics_row(conn: psycopg.Connection) -> dict:
+    """The ``planner_statistics`` check: ``{check, ok, detail}``.
+
+    Fails when a ``ql3`` table was analyzed (or vacuumed) while nearly empty and has since grown
+    past :data:`STALE_MIN_ROWS` live rows and :data:`STALE_FACTOR` times its ``pg_class.reltuples``.
+    The step functions' cached generic plans are then sequential scans, and every step reads the
+    whole table: the step cycle slows down quadratically until ANALYZE (autovacuum's, or a DBA's)
+    replaces the statistics and invalidates the plans. A table never analyzed (``reltuples = -1``)
+    is not flagged: the planner assumes 10 pages for it and uses the indexes. Reads only
+    ``pg_class`` and ``pg_stat_all_tables`` (any login); ``n_live_tup`` is the statistics system's
+    estimate, reported up to a second late. Source: docs/operations.md "Planner statistics".
+    """
+    rows = conn.execute(_STALE_Q, {"min": STALE_MIN_ROWS, "factor": STALE_FACTOR}).fetchall()
+    if not rows:
+        return {"check": "planner_statistics", "ok": True,
+                "detail": "no ql3 table has outgrown its planner statistics"}
+    shown = ", ".join(f"ql3.{r['relname']} (statistics {r['reltuples']:,} rows, live ~{r['n_live_tup']:,})"
+                      for r in rows[:5])
+    return {"check": "planner_statistics", "ok": False,
+            "detail": f"stale planner statistics: {shown}{' …' if len(rows) > 5 else ''}; cached plans of the "
+                      "step functions may scan these tables sequentially. Run ANALYZE on them as the owner "
+                      "(autovacuum's analyze does it once it runs); see docs/operations.md \"Planner statistics\""}
+
+
 def run_checks(conninfo: str) -> list[dict]:
     """All checks as rows ``{check, ok, detail}``."""
     rows: list[dict] = []
     with db.connect(conninfo, application_name="qlpg-doctor") as conn:
         rows.extend(dict(r) for r in api.readiness(conn))
         rows.append(ha.durability_check(conn))
+        rows.append(planner_statistics_row(conn))
         try:
             from . import security
 

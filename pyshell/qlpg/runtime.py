@@ -6,12 +6,19 @@ revision and admits it with ``task_attempt_admit``; then converges whole-run can
 claims/resolves expired-lease recovery controls, each in bounded pages. No timers, LISTEN or
 database background workers: the caller drives passes. An ambiguous admission COMMIT is answered
 by ``task_attempt_inspect``.
+
+Admission scales out over several runtime processes with ``partition=(k, n)`` (CLI ``--partition
+k/n``): each admits only the candidates whose Run id falls in its share (CRC-32 of the id, mod n),
+so n loops page the same candidates but never admit the same epoch twice. Without partitions
+several loops are still safe (the ledger answers a second admission of an epoch with the first
+one's receipt) but spend calls on those replays.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import zlib
 import threading
 import time
 import uuid
@@ -54,9 +61,25 @@ class Runtime:
     claim_ms: int = 30000       # how long a recovery claim fences other loops out
     max_pages: int = 16         # bound on cancel-convergence and recovery pages per pass
     batch: bool = False         # admit whole candidate pages with task_attempt_admit_page
+    partition: tuple[int, int] | None = None  # (k, n): admit only Runs with crc32(run_id) % n == k
     stop_event: threading.Event = field(default_factory=threading.Event)
     _conn: psycopg.Connection | None = None
     _revisions: dict = field(default_factory=dict)  # task_key -> last admitted execution revision
+
+    def __post_init__(self) -> None:
+        if self.partition is not None:
+            k, n = self.partition
+            if not (isinstance(k, int) and isinstance(n, int) and n >= 1 and 0 <= k < n):
+                raise ValueError(f"partition must be (k, n) with 0 <= k < n, got {self.partition!r}")
+            if self.batch:
+                raise ValueError("partition applies to per-candidate admission; batch admits whole pages in SQL")
+
+    def owns(self, run_id: str) -> bool:
+        """True when this loop's partition includes ``run_id`` (always, without partitions)."""
+        if self.partition is None:
+            return True
+        k, n = self.partition
+        return zlib.crc32(run_id.encode("utf-8")) % n == k
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
@@ -118,6 +141,8 @@ class Runtime:
                 return (rows[-1]["run_id"], rows[-1]["step_run_id"])
         page = self._call(api.task_attempt_candidates, after, self.page_size)
         for c in page:
+            if not self.owns(c["run_id"]):
+                continue
             key = (c["run_id"], c["step_run_id"], c["step_run_version"])
             try:
                 # The execution revision a candidate needs is generation-bound and immutable, so the
