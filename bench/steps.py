@@ -73,8 +73,11 @@ _BACKENDS: list[int] = []
 
 
 def _backend_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of a server backend on this machine (0.0 when not readable)."""
+    """CPU seconds (user + system) of a server backend on this machine (0.0 when not readable, or
+    when that pid here is not a postgres process: a server on another host or in another PID namespace)."""
     try:
+        if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
+            return 0.0
         f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
@@ -134,12 +137,16 @@ def child_floor(conninfo: str, worker_id: str, steps: int) -> None:
     """The floor: the cheapest possible 4-commit "step" through the same client stack -- four
     :func:`qlpg.db.call` transactions, each one one-row INSERT (pgbench's insert.sql), no ql3 call."""
     conn = db.connect(conninfo, application_name=f"bench-floor-{worker_id}")
-    db.call(conn, "SELECT 1")
+    rc = psycopg.IsolationLevel.READ_COMMITTED  # as the step calls (QLPG_STEP_ISOLATION's default)
+    db.call(conn, "SELECT 1", isolation=rc)
     _ready(conn)
+    t0 = time.perf_counter()
     for _ in range(steps):
         for _ in range(4):
-            db.call(conn, "INSERT INTO public.step_floor (payload) VALUES ('{}')")
-    print(json.dumps({"steps": steps, "calls": 4 * steps, "polls": 0, "cpu_s": _cpu_s()}), flush=True)
+            db.call(conn, "INSERT INTO public.step_floor (payload) VALUES ('{}')", isolation=rc)
+    elapsed = time.perf_counter() - t0
+    print(json.dumps({"steps": steps, "calls": 4 * steps, "polls": 0, "elapsed_s": elapsed, "cpu_s": _cpu_s()}),
+          flush=True)
 
 
 def child_runtime(conninfo: str, mode: str, partition: str = "0/1") -> None:
@@ -258,7 +265,8 @@ def measure(db_ci: str, logins: dict[str, str], mode: str, workers: int, steps_t
 
 def measure_floor(db_ci: str, logins: dict[str, str], workers: int, steps_total: int) -> dict:
     """The same worker processes and client path, but each step is four one-row INSERT commits
-    (``mode == "floor"``): what 4 commits per step cost before qlpg does any work."""
+    (``mode == "floor"``, READ COMMITTED like the step calls): what 4 commits per step cost before
+    qlpg does any work. steps/s is the sum of the workers' own rates."""
     su = psycopg.connect(db_ci, autocommit=True)
     su.execute("CREATE TABLE IF NOT EXISTS public.step_floor (id bigserial PRIMARY KEY,"
                " created_at timestamptz NOT NULL DEFAULT now(), payload jsonb)")
@@ -275,13 +283,17 @@ def measure_floor(db_ci: str, logins: dict[str, str], workers: int, steps_total:
         p.stdin.flush()
     outs = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1]) for p in ws]
     elapsed = time.perf_counter() - t0
+    # the sum of the workers' own rates (each timed from "go" to its last commit): a worker that
+    # finishes early does not stretch the others' clock, and process exit is not counted -- an
+    # estimate that leans high, so the floor is not understated
+    rate = sum(o["steps"] / o["elapsed_s"] for o in outs)
     time.sleep(0.6)
     su.execute("SELECT pg_stat_clear_snapshot()")
     commits = xact_commit(su) - c0
     rows = su.execute("SELECT count(*) FROM public.step_floor").fetchone()[0]
     su.close()
     assert rows == 4 * steps_total, (rows, steps_total)
-    return {"steps_per_s": steps_total / elapsed, "elapsed_s": elapsed, "commits_per_step": commits / steps_total,
+    return {"steps_per_s": rate, "elapsed_s": elapsed, "commits_per_step": commits / steps_total,
             "calls_per_step": sum(o["calls"] for o in outs) / steps_total, "polls_per_step": 0.0,
             "client_cpu_ms": 1000 * sum(o["cpu_s"]["client"] for o in outs) / steps_total,
             "server_cpu_ms": 1000 * sum(o["cpu_s"]["server"] for o in outs) / steps_total}
@@ -432,9 +444,10 @@ def render(info: dict, cmd: str, pg: dict[int, float], rows: list[dict], prof: d
             "measured `xact_commit` delta also counts idle polls (workers waiting for admissions, the fan-out "
             "waiting for its root) and the poller.",
             "* **The floor** (`path = floor`) is the same worker processes and the same client path "
-            "(`qlpg.db.call`: `BEGIN; statement; COMMIT` in one message) doing four one-row INSERT commits per "
-            "\"step\" and nothing else: what any 4-commit step costs through psycopg on this machine before qlpg "
-            "does any work. The CPU columns are each client process's own CPU time and its backend's "
+            "(`qlpg.db.call`: `BEGIN ISOLATION LEVEL READ COMMITTED; statement; COMMIT` in one message, one "
+            "synchronous connection per process) doing four one-row INSERT commits per \"step\" and nothing "
+            "else: what a 4-commit step costs through this client stack on this machine before qlpg does any "
+            "work (steps/s = the sum of the workers' own rates, which leans high). The CPU columns are each client process's own CPU time and its backend's "
             "(`/proc/<pid>/stat`), divided by the steps."]
     if unb and flo and pmax:
         out.append(
@@ -442,9 +455,10 @@ def render(info: dict, cmd: str, pg: dict[int, float], rows: list[dict], prof: d
             f"INSERT tps at {wmax} clients = {0.25 * pmax:,.0f} steps/s: **not met** — qlpg ran "
             f"{unb['steps_per_s']:,.0f} steps/s ({unb['steps_per_s'] / pmax:.2f}×). The floor itself reaches "
             f"{flo['steps_per_s']:,.0f} steps/s ({flo['steps_per_s'] / pmax:.2f}×): with four commits per step "
-            "the target asks each commit to cost what a pgbench INSERT costs from C, which no implementation "
-            "driven from Python through psycopg reaches on these 2 cores (the floor's clients alone use "
-            f"{flo['client_cpu_ms']:.2f} ms of CPU per step, its server side {flo['server_cpu_ms']:.2f} ms)."
+            "the target asks each commit to cost what a pgbench INSERT costs from C, and the cheapest 4-commit "
+            "step through this client stack (one synchronous psycopg connection per process) does not get "
+            f"there on these 2 cores even with no qlpg work at all (its clients use {flo['client_cpu_ms']:.2f} ms "
+            f"of CPU per step, its server side {flo['server_cpu_ms']:.2f} ms)."
             + (f" The batched path ran {bat['steps_per_s']:,.0f} steps/s against graphile-worker's batched drain "
                "(18,452 jobs/s in shared/peers/RESULTS.md; the full peer run below measures it in the same run)."
                if bat else ""))
@@ -546,7 +560,10 @@ def main() -> None:
                     common.peer_emit(system="qlpg (this project)", version="0.1.0", driver="psycopg 3 (qlpg.api)",
                                      measurement=f"step cycle admit->lease->start->running->complete, {mode}, "
                                                  f"{'1-step' if shape == 'single' else '33-step fan-out'} Workflows",
-                                     concurrency=f"{w} worker procs + 1 runtime", runs=[r["steps_per_s"]], n=steps,
+                                     concurrency=f"{w} worker procs + "
+                                                 + (f"{nrt} partitioned runtimes" if mode == "unbatched" and nrt > 1
+                                                    else "1 runtime"),
+                                     runs=[r["steps_per_s"]], n=steps,
                                      notes=f"{r['commits_per_step']:.2f} commits/step (xact_commit delta), no-op steps")
     pg = common.pgbench_insert(workers, a.seconds_pgbench, conninfo=admin) if a.seconds_pgbench > 0 else {}
     for c, tps in pg.items():

@@ -1,10 +1,10 @@
 """Admission shared by several runtime loops: ``Runtime(partition=(k, n))`` / ``qlpg runtime
 --partition K/N`` (docs/operations.md "Scaling admission").
 
-Two partitioned loops race over the same candidate pages: together they admit every epoch, each
-only the Runs of its own share, and neither spends a call on the other's epochs (no replays). An
-unpartitioned loop racing the same way is still safe, and the ledger shows why partitions help:
-its losers are answered with replays. Bad partitions are refused before any call.
+Three partitioned loops race over the same candidate pages: together they admit every epoch, each
+calls only for the Runs of its own share, and none spends a call on another's epochs (no
+replays). Unpartitioned loops racing the same way are still safe (every epoch admitted once).
+Bad partitions are refused before any call.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import zlib
 
 import pytest
 
-from qlpg import cli
+from qlpg import api, cli
 from qlpg.runtime import PassStats, Runtime
 
 from helpers import check_audit_invariants
@@ -31,7 +31,8 @@ def runs(as_role, tmp_path) -> list[str]:
 
 
 def _race(loops: list[Runtime]) -> list[PassStats]:
-    """One admission pass per loop, all released at once; returns each loop's counts."""
+    """One admission pass per loop (thread ``loop-<i>``), all released at once; returns each
+    loop's counts."""
     out = [PassStats() for _ in loops]
     go = threading.Barrier(len(loops))
     errs: list[BaseException] = []
@@ -48,11 +49,12 @@ def _race(loops: list[Runtime]) -> list[PassStats]:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             errs.append(exc)
 
-    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(loops))]
+    ts = [threading.Thread(target=one, args=(i,), name=f"loop-{i}") for i in range(len(loops))]
     for t in ts:
         t.start()
     for t in ts:
         t.join(60)
+    assert not any(t.is_alive() for t in ts), "an admission loop hung"
     if errs:
         raise errs[0]
     return out
@@ -63,7 +65,21 @@ def _admitted_runs(owner) -> dict[str, int]:
         "SELECT run_id, count(*) FROM ql3.task_attempt_admissions GROUP BY run_id").fetchall()}
 
 
-def test_partitioned_loops_admit_disjoint_shares_without_replays(qlpg_db, runs, ql3_owner):
+@pytest.fixture
+def calls(monkeypatch) -> dict[str, list[str]]:
+    """Every ``task_attempt_admit`` call the loops make: thread name -> Run ids."""
+    seen: dict[str, list[str]] = {}
+    real = api.task_attempt_admit
+
+    def spy(conn, run_id, *args, **kw):
+        seen.setdefault(threading.current_thread().name, []).append(run_id)
+        return real(conn, run_id, *args, **kw)
+
+    monkeypatch.setattr(api, "task_attempt_admit", spy)
+    return seen
+
+
+def test_partitioned_loops_admit_disjoint_shares_without_replays(qlpg_db, runs, ql3_owner, calls):
     loops = [Runtime(qlpg_db.conninfo_as(RUNTIME), recovery=False, partition=(k, 3)) for k in range(3)]
     try:
         stats = _race(loops)
@@ -71,15 +87,11 @@ def test_partitioned_loops_admit_disjoint_shares_without_replays(qlpg_db, runs, 
         for rt in loops:
             rt.close()
     share = {k: {r for r in runs if zlib.crc32(r.encode()) % 3 == k} for k in range(3)}
+    # loop k called for exactly the Runs of share k, once each, and admitted all of them
+    assert {k: sorted(calls.get(f"loop-{k}", [])) for k in range(3)} == {k: sorted(share[k]) for k in range(3)}
     assert [s.admitted for s in stats] == [len(share[k]) for k in range(3)], (stats, share)
-    assert sum(s.admitted for s in stats) == RUNS
-    assert [s.replayed for s in stats] == [0, 0, 0]
-    assert [s.skipped for s in stats] == [0, 0, 0]
-    # each loop admitted exactly its share: the ledger has one admission per Run, and every Run of
-    # share k was admitted by loop k (its attempt ids are in that loop's count; the ledger cannot
-    # say who called, so the counts above and the disjoint shares below pin it together)
+    assert [(s.replayed, s.skipped, s.failed) for s in stats] == [(0, 0, 0)] * 3
     assert _admitted_runs(ql3_owner) == {r: 1 for r in runs}
-    assert all(share[a].isdisjoint(share[b]) for a in range(3) for b in range(3) if a != b)
     for r in runs:
         check_audit_invariants(ql3_owner, r)
 
@@ -93,10 +105,10 @@ def test_unpartitioned_loops_racing_are_safe_but_replay(qlpg_db, runs, ql3_owner
             rt.close()
     assert sum(s.admitted for s in stats) == RUNS
     assert _admitted_runs(ql3_owner) == {r: 1 for r in runs}
-    # every loop saw every candidate on its pages, so whatever it did not win was a replay or a
-    # skip (an epoch admitted between its page read and its call)
+    # a loop's page holds only epochs not yet admitted when it was read, so a late loop may see
+    # fewer than RUNS; whatever it saw and did not win was a replay or a skip, never a second attempt
     for s in stats:
-        assert s.admitted + s.replayed + s.skipped == RUNS, stats
+        assert s.admitted + s.replayed + s.skipped <= RUNS and s.failed == 0, stats
     for r in runs:
         check_audit_invariants(ql3_owner, r)
 
@@ -119,4 +131,4 @@ def test_cli_partition_argument(capsys):
         with pytest.raises(Exception):
             cli._partition(bad)
     assert cli.main(["runtime", "--batch", "--partition", "0/2", "--once", "--dsn", "dbname=unused"]) == 2
-    assert "--partition" in capsys.readouterr().out
+    assert "--partition" in capsys.readouterr().err

@@ -109,12 +109,12 @@ def cmd_runtime(args) -> int:
     from .worker import install_sigterm
 
     if args.batch and args.partition:
-        console.print("qlpg runtime: --partition applies to per-candidate admission, not --batch", soft_wrap=True)
+        print("qlpg runtime: error: --partition applies to per-candidate admission, not --batch", file=sys.stderr)
         return 2
     rt = Runtime(_conninfo(args), recovery=not args.no_recovery, batch=args.batch, partition=args.partition)
     if args.once:
         s = rt.run_once()
-        console.print(f"admitted {s.admitted}, replayed {s.replayed}, skipped {s.skipped}, "
+        console.print(f"admitted {s.admitted}, replayed {s.replayed}, skipped {s.skipped}, refused {s.failed}, "
                       f"cancels converged {s.cancels_converged}, recovered {s.recovered}, "
                       f"awaiting evidence {s.recovery_retry}, needs operator {s.recovery_manual}", soft_wrap=True)
         return 0

@@ -9,7 +9,8 @@ by ``task_attempt_inspect``.
 
 Admission scales out over several runtime processes with ``partition=(k, n)`` (CLI ``--partition
 k/n``): each admits only the candidates whose Run id falls in its share (CRC-32 of the id, mod n),
-so n loops page the same candidates but never admit the same epoch twice. Without partitions
+so n loops page the same candidates but never admit the same epoch twice. All loops must use the
+same n, and every k in 0..n-1 needs a running loop, or the Runs of a missing share wait. Without partitions
 several loops are still safe (the ledger answers a second admission of an epoch with the first
 one's receipt) but spend calls on those replays.
 """
@@ -38,6 +39,7 @@ class PassStats:
     admitted: int = 0
     replayed: int = 0
     skipped: int = 0
+    failed: int = 0              # candidates refused for integrity/limit/conflict (QL501/QL002/QL201/QL001): logged, passed over
     cancels_converged: int = 0
     recovered: int = 0
     recovery_retry: int = 0      # past the start barrier without trusted evidence: backoff
@@ -73,6 +75,7 @@ class Runtime:
                 raise ValueError(f"partition must be (k, n) with 0 <= k < n, got {self.partition!r}")
             if self.batch:
                 raise ValueError("partition applies to per-candidate admission; batch admits whole pages in SQL")
+            log.info("runtime %s admits partition %d/%d (every loop must use the same N)", self.claimer_id, k, n)
 
     def owns(self, run_id: str) -> bool:
         """True when this loop's partition includes ``run_id`` (always, without partitions)."""
@@ -179,6 +182,12 @@ class Runtime:
             except (errors.StaleFence, errors.IllegalTransition, errors.StartGuardDenied, errors.Unavailable) as exc:
                 stats.skipped += 1
                 log.info("candidate %s skipped: %s", key, exc)
+            except (errors.IntegrityFailure, errors.LimitExceeded, errors.ImmutableConflict, errors.InvalidInput) as exc:
+                # One Run that cannot be admitted (a record that fails verification, the 8192-attempt
+                # bound, a conflicting ledger entry) must not hold up the Runs paged after it, nor
+                # this pass's cancel convergence and recovery: log it for the operator and go on.
+                stats.failed += 1
+                log.error("candidate %s refused (%s): %s", key, exc.sqlstate, exc)
         if len(page) < self.page_size:
             return None
         last = page[-1]

@@ -20,14 +20,19 @@ BEGIN
   IF p_lease_ms IS NULL OR p_lease_ms < 1000 OR p_lease_ms > 3600000 THEN
     RAISE EXCEPTION USING ERRCODE = 'QL001', MESSAGE = 'lease_ms: must be 1000..3600000';
   END IF;
+  -- An ordered scan of the partial index run_attempts_dispatch_idx that stops after p_max rows:
+  -- the Run and the StepRun are reached per row through LATERAL subqueries that OFFSET 0 keeps
+  -- out of the join order, so no statistics can turn this into a hash join and a sort of the
+  -- whole backlog (tests/test_backlog_plans.py).
   FOR a IN
     SELECT ra.id, ra.run_id, ra.step_run_id, ra.attempt, ra.lease_count, ra.project_id, ra.runtime_task_id,
            ra.task_revision, ra.execution_digest, s.step_key
       FROM ql3.run_attempts ra
-      JOIN ql3.runs r ON r.id = ra.run_id
-      JOIN ql3.step_runs s ON s.id = ra.step_run_id
+      CROSS JOIN LATERAL (SELECT 1 FROM ql3.runs r
+                           WHERE r.id = ra.run_id AND r.status = 'running' AND r.cancel_requested_at_ms IS NULL
+                          OFFSET 0) r
+      CROSS JOIN LATERAL (SELECT x.step_key FROM ql3.step_runs x WHERE x.id = ra.step_run_id OFFSET 0) s
      WHERE ra.status = 'claimed' AND NOT ra.lease_active AND ra.executor_type = p_executor_type
-       AND r.status = 'running' AND r.cancel_requested_at_ms IS NULL
      ORDER BY ra.created_at_ms, ra.id
      LIMIT p_max
      FOR UPDATE OF ra SKIP LOCKED
