@@ -10,19 +10,19 @@ by ``task_attempt_inspect``.
 Admission scales out over several runtime processes with ``partition=(k, n)`` (CLI ``--partition
 k/n``): each admits only the candidates whose Run id falls in its share (CRC-32 of the id, mod n),
 so n loops page the same candidates but never admit the same epoch twice. All loops must use the
-same n, and every k in 0..n-1 needs a running loop, or the Runs of a missing share wait. Without partitions
-several loops are still safe (the ledger answers a second admission of an epoch with the first
-one's receipt) but spend calls on those replays.
+same n, and every k in 0..n-1 needs a running loop, or the Runs of a missing share wait. Without
+partitions several loops are still safe (the ledger answers a second admission of an epoch with
+the first one's receipt) but spend calls on those replays.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import zlib
 import threading
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 
 import psycopg
@@ -39,7 +39,7 @@ class PassStats:
     admitted: int = 0
     replayed: int = 0
     skipped: int = 0
-    failed: int = 0              # candidates refused for integrity/limit/conflict (QL501/QL002/QL201/QL001): logged, passed over
+    failed: int = 0              # refused with QL501/QL002/QL201/QL001: logged and passed over
     cancels_converged: int = 0
     recovered: int = 0
     recovery_retry: int = 0      # past the start barrier without trusted evidence: backoff
